@@ -1,0 +1,34 @@
+"""freeride: run side tasks in the bubbles of pipeline-parallel training.
+
+The public surface for side-task authors and trainer integrations; everything else lives in
+subpackages (`freeride.agent`, `freeride.trainer`, `freeride.cli`).
+"""
+
+from freeride.errors import (
+    AgentUnavailableError,
+    FreerideError,
+    InvalidSpecError,
+    InvalidStateError,
+    TaskNotFoundError,
+    TaskRefError,
+    TaskStop,
+)
+from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # errors
+    "AgentUnavailableError",
+    "FreerideError",
+    # tasks
+    "ImperativeTask",
+    "InvalidSpecError",
+    "InvalidStateError",
+    "IterativeTask",
+    "TaskContext",
+    "TaskNotFoundError",
+    "TaskRefError",
+    "TaskStop",
+    "__version__",
+]

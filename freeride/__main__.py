@@ -1,0 +1,5 @@
+import sys
+
+from freeride.cli.main import main
+
+sys.exit(main())

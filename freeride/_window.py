@@ -1,0 +1,99 @@
+"""The window fast path between an agent and a local worker: a shared control word plus a wake-up pipe.
+
+gRPC carries everything else (attach, setup, step reports, pause and cancel). Grants and
+revocations happen on every bubble, so they take a shorter road: the agent writes the window
+(id, until, open) into a 64-byte memory-mapped file under a sequence lock and writes one byte
+into a pipe; the worker blocks on that pipe while idle (no polling) and, between steps, reads
+the control word directly, so a revocation costs it no wake-up at all.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+_LAYOUT = struct.Struct("<QQqQq")  # seq, window_id, until_ns, open, end_ns
+SIZE = 64
+
+
+class WindowWord(NamedTuple):
+    window_id: int
+    until_ns: int
+    open: bool
+    end_ns: int
+
+
+class WindowWriter:
+    """Agent side: owns the file and the pipe's write end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"\0" * SIZE)
+        self._f = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
+        self._mm = mmap.mmap(self._f.fileno(), SIZE)
+        self._seq = 0
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+
+    def _store(self, window_id: int, until_ns: int, is_open: bool, end_ns: int) -> None:
+        self._seq += 1  # odd: a write is in progress
+        _LAYOUT.pack_into(self._mm, 0, self._seq, window_id, until_ns, int(is_open), end_ns)
+        self._seq += 1
+        struct.pack_into("<Q", self._mm, 0, self._seq)
+        try:
+            os.write(self._write_fd, b"w")
+        except BlockingIOError:
+            pass  # the worker has unread wake-ups already; it reads the word, not the bytes
+
+    def grant(self, window_id: int, until_ns: int) -> None:
+        self._store(window_id, until_ns, True, 0)
+
+    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None:
+        self._store(window_id, until_ns, False, end_ns)
+
+    def close_child_end(self) -> None:
+        """After the worker was spawned with the read end, the agent drops its copy."""
+        os.close(self.read_fd)
+
+    def close(self) -> None:
+        for fd in (self._write_fd,):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._mm.close()
+        self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
+class WindowReader:
+    """Worker side: reads the control word; waits on the pipe when idle."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._f = open(path, "rb")  # noqa: SIM115 - lives as long as the worker
+        self._mm = mmap.mmap(self._f.fileno(), SIZE, access=mmap.ACCESS_READ)
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def read(self) -> WindowWord:
+        while True:
+            seq, window_id, until_ns, is_open, end_ns = _LAYOUT.unpack_from(self._mm, 0)
+            if seq & 1 == 0 and struct.unpack_from("<Q", self._mm, 0)[0] == seq:
+                return WindowWord(window_id, until_ns, bool(is_open), end_ns)
+
+    def drain(self) -> bool:
+        """Consume pending wake-ups; False when the agent's end is closed (the agent is gone)."""
+        try:
+            while True:
+                data = os.read(self.fd, 4096)
+                if not data:
+                    return False
+                if len(data) < 4096:
+                    return True
+        except BlockingIOError:
+            return True

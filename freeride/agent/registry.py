@@ -1,0 +1,155 @@
+"""The persistent task registry and harvest ledger: one SQLite file in the state directory.
+
+Used from one thread only (the agent's database thread), so no locking here. WAL mode: a
+kill -9 loses at most the transaction in flight, never a committed one.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict
+from pathlib import Path
+
+from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.errors import FreerideError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    id INTEGER PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    restarts INTEGER NOT NULL DEFAULT 0,
+    created_unix_s REAL NOT NULL,
+    updated_unix_s REAL NOT NULL,
+    counters TEXT NOT NULL,
+    progress TEXT NOT NULL DEFAULT '{}',
+    checkpoint_steps INTEGER NOT NULL DEFAULT 0,
+    step_estimate_ns INTEGER NOT NULL DEFAULT 0,
+    peak_memory_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS ledger (gpu INTEGER PRIMARY KEY, counters TEXT NOT NULL);
+"""
+
+
+class RegistryError(FreerideError):
+    """The state database cannot be opened or written."""
+
+
+class Registry:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise RegistryError(
+                    f"{path} has schema {row[0]}, this agent needs {SCHEMA_VERSION}: "
+                    "use a matching freeride version or a new --state-dir"
+                )
+            self._db.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise RegistryError(
+                f"state database {path} is unreadable ({exc}); move it aside to start fresh "
+                "(tasks and the harvest ledger in it would be lost)"
+            ) from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def insert(self, rec: TaskRecord) -> str:
+        cur = self._db.execute(
+            "INSERT INTO tasks (spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                json.dumps(asdict(rec.spec)),
+                rec.state.value,
+                rec.kind,
+                rec.reason,
+                rec.restarts,
+                rec.created_unix_s,
+                rec.updated_unix_s,
+                json.dumps(asdict(rec.counters)),
+            ),
+        )
+        return str(cur.lastrowid)
+
+    def save(self, recs: list[TaskRecord], gpu: int | None = None, gpu_counters: Counters | None = None) -> None:
+        """Write the records (and the GPU ledger) in one transaction."""
+        with self._tx():
+            self._db.executemany(
+                "UPDATE tasks SET state=?, reason=?, restarts=?, updated_unix_s=?, counters=?, progress=?,"
+                " checkpoint_steps=?, step_estimate_ns=?, peak_memory_bytes=? WHERE id=?",
+                [
+                    (
+                        r.state.value,
+                        r.reason,
+                        r.restarts,
+                        r.updated_unix_s,
+                        json.dumps(asdict(r.counters)),
+                        json.dumps(r.progress),
+                        r.checkpoint_steps,
+                        r.step_estimate_ns,
+                        r.peak_memory_bytes,
+                        int(r.id),
+                    )
+                    for r in recs
+                ],
+            )
+            if gpu is not None and gpu_counters is not None:
+                self._db.execute(
+                    "INSERT INTO ledger VALUES (?, ?) ON CONFLICT(gpu) DO UPDATE SET counters=excluded.counters",
+                    (gpu, json.dumps(asdict(gpu_counters))),
+                )
+
+    def load(self) -> list[TaskRecord]:
+        rows = self._db.execute(
+            "SELECT id, spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters, progress,"
+            " checkpoint_steps, step_estimate_ns, peak_memory_bytes FROM tasks ORDER BY id"
+        ).fetchall()
+        return [
+            TaskRecord(
+                id=str(r[0]),
+                spec=TaskSpec(**json.loads(r[1])),
+                state=TaskState(r[2]),
+                kind=r[3],
+                reason=r[4],
+                restarts=r[5],
+                created_unix_s=r[6],
+                updated_unix_s=r[7],
+                counters=Counters(**json.loads(r[8])),
+                progress=json.loads(r[9]),
+                checkpoint_steps=r[10],
+                step_estimate_ns=r[11],
+                peak_memory_bytes=r[12],
+            )
+            for r in rows
+        ]
+
+    def load_ledger(self, gpu: int) -> Counters:
+        row = self._db.execute("SELECT counters FROM ledger WHERE gpu=?", (gpu,)).fetchone()
+        return Counters(**json.loads(row[0])) if row else Counters()
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db)
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

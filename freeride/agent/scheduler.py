@@ -1,0 +1,337 @@
+"""The control path: bubble edges in, windows granted to and revoked from workers, harvest accounted.
+
+Pure logic, no I/O: the agent injects the clock, a timer and each task's send function, so
+every decision here is unit-testable and every wake-up is an event (a bubble edge, a worker
+message, or a timer set for a known instant).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from freeride.agent.model import Counters
+from freeride.agent.policy import Candidate, choose
+from freeride.agent.predictor import MarginController, SlotPredictor
+from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
+
+log = logging.getLogger(__name__)
+
+_MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory without bound
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class WindowPort(Protocol):
+    """How the scheduler reaches one worker's window word (see freeride._window)."""
+
+    def grant(self, window_id: int, until_ns: int) -> None: ...
+    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None: ...
+
+
+Clock = Callable[[], int]
+CallAt = Callable[[int, Callable[[], None]], TimerHandle]
+
+
+@dataclass
+class TaskSlot:
+    """A resident task as the scheduler sees it."""
+
+    task_id: str
+    priority: int
+    port: WindowPort
+    counters: Counters
+    step_estimate_ns: int | None = None
+    window_id: int = 0  # the window this task holds, 0 when idle
+    hang_timer: TimerHandle | None = None
+
+
+@dataclass
+class _Share:
+    task_id: str
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    idle_ns: int = 0
+
+
+@dataclass
+class Window:
+    id: int
+    rank: int
+    slot: int
+    iteration: int
+    start_ns: int
+    until_ns: int
+    predicted_ns: int
+    end_ns: int = 0
+    open: bool = True
+    holder: str = ""
+    tried: set[str] = field(default_factory=set)
+    shares: list[_Share] = field(default_factory=list)
+    timer: TimerHandle | None = None
+
+
+@dataclass
+class _Bubble:
+    slot: int
+    iteration: int
+    start_ns: int
+    predicted_ns: int | None
+    window: Window | None
+
+
+@dataclass
+class SchedulerConfig:
+    margin_ns: int = 200_000
+    min_window_ns: int = 200_000
+    hang_timeout_ns: int = 5_000_000_000
+    hang_factor: float = 20.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        clock: Clock,
+        call_at: CallAt,
+        config: SchedulerConfig,
+        on_account: Callable[[tasks_pb2.WindowRecord, dict[str, Counters], Counters], None],
+        on_hang: Callable[[str, int], None],
+    ) -> None:
+        self._clock = clock
+        self._call_at = call_at
+        self._cfg = config
+        self._on_account = on_account
+        self._on_hang = on_hang
+        self.margin = MarginController(config.margin_ns)
+        self.tasks: dict[str, TaskSlot] = {}
+        self._predictors: OrderedDict[tuple[int, int], SlotPredictor] = OrderedDict()
+        self._bubbles: dict[int, _Bubble] = {}
+        self._windows: dict[int, Window] = {}
+        self._current: Window | None = None
+        self._next_window = 1
+        self.gpu = Counters()
+        self.prediction_errors: deque[float] = deque(maxlen=1024)
+        self.event_delays_ns: deque[int] = deque(maxlen=1024)
+
+    # -- trainer side ------------------------------------------------------------------------------
+    def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
+        self.gpu.events += 1
+        self.event_delays_ns.append(self._clock() - ev.time_ns)
+        if ev.edge == trainer_pb2.BUBBLE_EDGE_START:
+            self._on_start(ev)
+        elif ev.edge == trainer_pb2.BUBBLE_EDGE_END:
+            self._on_end(ev)
+
+    def _predictor(self, rank: int, slot: int) -> SlotPredictor:
+        key = (rank, slot)
+        p = self._predictors.get(key)
+        if p is None:
+            p = self._predictors[key] = SlotPredictor()
+            if len(self._predictors) > _MAX_SLOTS:
+                self._predictors.popitem(last=False)
+        else:
+            self._predictors.move_to_end(key)
+        return p
+
+    def _on_start(self, ev: trainer_pb2.BubbleEvent) -> None:
+        stale = self._bubbles.pop(ev.rank, None)
+        if stale is not None and stale.window is not None:
+            self._close(stale.window, end_ns=0)  # its END was lost: account up to the prediction
+        predicted = self._predictor(ev.rank, ev.slot).predict_ns()
+        if predicted is None and ev.expected_duration_ns > 0:
+            predicted = ev.expected_duration_ns
+        bubble = _Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None)
+        self._bubbles[ev.rank] = bubble
+        if predicted is None or self._current is not None:
+            return
+        until = ev.time_ns + predicted - self.margin.margin_ns()
+        if until - self._clock() < self._cfg.min_window_ns:
+            return
+        w = Window(self._next_window, ev.rank, ev.slot, ev.iteration, ev.time_ns, until, predicted)
+        self._next_window += 1
+        bubble.window = w
+        self._windows[w.id] = w
+        self._current = w
+        w.timer = self._call_at(until, lambda: self._close(w, end_ns=0))
+        self._dispatch(w)
+
+    def _on_end(self, ev: trainer_pb2.BubbleEvent) -> None:
+        bubble = self._bubbles.get(ev.rank)
+        if bubble is None or bubble.slot != ev.slot:
+            return  # an END whose START we never saw (reconnect): nothing to learn from
+        del self._bubbles[ev.rank]
+        length = ev.time_ns - bubble.start_ns
+        if length <= 0:
+            return
+        self.gpu.bubbles += 1
+        self.gpu.bubble_ns += length
+        if bubble.predicted_ns is not None:
+            self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
+        self._predictor(ev.rank, ev.slot).observe(length)
+        if bubble.window is not None:
+            self._close(bubble.window, end_ns=ev.time_ns)
+
+    def trainer_gone(self, rank: int) -> None:
+        """A trainer stream ended: close its window now; its bubble never gets an END."""
+        bubble = self._bubbles.pop(rank, None)
+        if bubble is not None and bubble.window is not None:
+            self._close(bubble.window, end_ns=0)
+
+    # -- windows ---------------------------------------------------------------------------------
+    def _candidates(self) -> list[Candidate]:
+        return [
+            Candidate(t.task_id, t.priority, t.counters.harvested_ns, t.step_estimate_ns, t.window_id == 0)
+            for t in self.tasks.values()
+        ]
+
+    def _dispatch(self, w: Window) -> None:
+        remaining = w.until_ns - self._clock()
+        if remaining < self._cfg.min_window_ns:
+            return
+        pick = choose(self._candidates(), remaining, w.tried)
+        if pick is None:
+            return
+        task = self.tasks[pick.task_id]
+        w.holder = task.task_id
+        w.tried.add(task.task_id)
+        w.shares.append(_Share(task.task_id))
+        task.window_id = w.id
+        task.port.grant(w.id, w.until_ns)
+
+    def _close(self, w: Window, end_ns: int) -> None:
+        if end_ns:
+            w.end_ns = end_ns
+        if w.open:
+            w.open = False
+            if w.timer is not None:
+                w.timer.cancel()
+            if self._current is w:
+                self._current = None
+            if w.holder:
+                task = self.tasks[w.holder]
+                task.port.revoke(w.id, end_ns, w.until_ns)
+                self._arm_hang_timer(task)
+        self._maybe_account(w)
+
+    def _arm_hang_timer(self, task: TaskSlot) -> None:
+        est = task.step_estimate_ns or 0
+        deadline = self._clock() + max(self._cfg.hang_timeout_ns, int(self._cfg.hang_factor * est))
+        wid = task.window_id
+        task.hang_timer = self._call_at(deadline, lambda: self._hung(task.task_id, wid))
+
+    def _hung(self, task_id: str, window_id: int) -> None:
+        task = self.tasks.get(task_id)
+        if task is not None and task.window_id == window_id:
+            task.counters.killed_steps += 1
+            self._on_hang(task_id, window_id)
+
+    # -- worker side -----------------------------------------------------------------------------
+    def add_task(self, task: TaskSlot) -> None:
+        self.tasks[task.task_id] = task
+        w = self._current
+        if w is not None and w.open and not w.holder:
+            self._dispatch(w)
+
+    def remove_task(self, task_id: str) -> None:
+        """The task's worker is gone: release whatever window it held."""
+        task = self.tasks.pop(task_id, None)
+        if task is None:
+            return
+        if task.hang_timer is not None:
+            task.hang_timer.cancel()
+        w = self._windows.get(task.window_id)
+        if w is not None and w.holder == task_id:
+            w.holder = ""
+            if w.open:
+                self._dispatch(w)
+            else:
+                self._maybe_account(w)
+
+    def on_steps(self, task_id: str, report: worker_pb2.StepReport) -> None:
+        w = self._windows.get(report.window_id)
+        if w is None:
+            return
+        for share in reversed(w.shares):
+            if share.task_id == task_id:
+                share.steps.extend((s.start_ns, s.duration_ns) for s in report.steps)
+                return
+
+    def on_window_done(self, task_id: str, done: worker_pb2.WindowDone) -> None:
+        task = self.tasks.get(task_id)
+        if task is None or task.window_id != done.window_id:
+            return
+        task.window_id = 0
+        if task.hang_timer is not None:
+            task.hang_timer.cancel()
+            task.hang_timer = None
+        if done.step_estimate_ns > 0:
+            task.step_estimate_ns = done.step_estimate_ns
+        w = self._windows.get(done.window_id)
+        if w is None:
+            return
+        for share in reversed(w.shares):
+            if share.task_id == task_id:
+                share.idle_ns = done.idle_ns
+                break
+        w.holder = ""
+        if w.open:
+            self._dispatch(w)  # tail filling: the rest of the bubble goes to a task whose steps fit
+        else:
+            self._maybe_account(w)
+
+    # -- accounting ------------------------------------------------------------------------------
+    def _maybe_account(self, w: Window) -> None:
+        """Account a window once it is closed, its holder is idle, and its bubble end is known."""
+        if w.open or w.holder or w.id not in self._windows:
+            return
+        bubble = self._bubbles.get(w.rank)
+        if not w.end_ns and bubble is not None and bubble.window is w:
+            return  # closed at until; END still to come
+        del self._windows[w.id]
+        end = w.end_ns or (w.start_ns + w.predicted_ns)
+        record = tasks_pb2.WindowRecord(
+            window_id=w.id,
+            rank=w.rank,
+            slot=w.slot,
+            iteration=w.iteration,
+            bubble_start_ns=w.start_ns,
+            bubble_end_ns=end,
+            until_ns=w.until_ns,
+            predicted_ns=w.predicted_ns,
+        )
+        per_task: dict[str, Counters] = {}
+        window_overrun = 0
+        for share in w.shares:
+            c = per_task.setdefault(share.task_id, Counters())
+            c.windows += 1
+            busy = 0
+            overrun = 0
+            for start, duration in share.steps:
+                stop = start + duration
+                busy += duration
+                if stop > end:
+                    c.overrun_steps += 1
+                    overrun += stop - max(start, end)
+            c.steps += len(share.steps)
+            c.harvested_ns += busy - overrun
+            c.overrun_ns += overrun
+            window_overrun += overrun
+            record.shares.add(
+                task_id=share.task_id,
+                first_step_ns=share.steps[0][0] if share.steps else 0,
+                idle_ns=share.idle_ns,
+                steps=len(share.steps),
+                busy_ns=busy,
+                overrun_ns=overrun,
+            )
+        self.margin.on_window(window_overrun)
+        total = Counters()
+        for c in per_task.values():
+            total.add(c)
+        total.windows = 1
+        self.gpu.add(total)
+        self._on_account(record, per_task, total)

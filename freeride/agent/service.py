@@ -1,0 +1,169 @@
+"""gRPC servicers: the edge where domain errors become status codes and messages are checked."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from freeride import __version__
+from freeride.agent.convert import spec_from_pb, state_from_pb
+from freeride.agent.core import Agent
+from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
+from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger("freeride.agent")
+
+R = TypeVar("R")
+_MAX_CLOCK_SKEW_NS = 3600 * 10**9  # an edge an hour away from now is not from this host's clock
+_STATUS = {
+    TaskRefError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
+    TaskNotFoundError: grpc.StatusCode.NOT_FOUND,
+    InvalidStateError: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def _status_errors(
+    fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except tuple(_STATUS) as exc:
+            await context.abort(_STATUS[type(exc)], str(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    @_status_errors
+    async def Submit(self, request: tasks_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
+        if not request.HasField("spec"):
+            raise InvalidSpecError("SubmitRequest.spec is missing")
+        return self._agent.info(await self._agent.submit(spec_from_pb(request.spec)))
+
+    @_status_errors
+    async def List(self, request: tasks_pb2.ListRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.ListResponse:
+        wanted = set()
+        for value in request.states:
+            state = state_from_pb(value)
+            if state is None:
+                raise InvalidSpecError(f"unknown task state {value}")
+            wanted.add(state)
+        infos = [self._agent.info(r) for r in self._agent.records.values() if not wanted or r.state in wanted]
+        return tasks_pb2.ListResponse(tasks=infos)
+
+    @_status_errors
+    async def Get(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
+        return self._agent.info(self._agent.get(request.id))
+
+    @_status_errors
+    async def Cancel(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
+        return self._agent.info(await self._agent.cancel(request.id))
+
+    @_status_errors
+    async def Pause(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
+        return self._agent.info(await self._agent.pause(request.id))
+
+    @_status_errors
+    async def Resume(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
+        return self._agent.info(await self._agent.resume(request.id))
+
+    @_status_errors
+    async def Stats(self, request: tasks_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.StatsResponse:
+        return self._agent.stats()
+
+    async def Watch(
+        self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tasks_pb2.AgentEvent]:
+        q = self._agent.subscribe()
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._agent.unsubscribe(q)
+
+
+class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self.rejected = 0
+
+    async def ReportBubbles(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        agent = self._agent
+        await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
+        agent.trainers += 1
+        ranks: set[int] = set()
+        log.info("trainer connected (%s)", context.peer())
+        try:
+            while True:
+                ev = await context.read()
+                if ev is grpc.aio.EOF:
+                    break
+                if ev.edge not in (trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END) or abs(
+                    ev.time_ns - agent.clock()
+                ) > _MAX_CLOCK_SKEW_NS:
+                    self.rejected += 1
+                    continue
+                ranks.add(ev.rank)
+                agent.on_bubble(ev)
+        finally:
+            agent.trainers -= 1
+            for rank in ranks:
+                agent.scheduler.trainer_gone(rank)
+            log.info("trainer disconnected (%s)", context.peer())
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    async def Attach(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first worker message must be hello")
+        hello = first.hello
+        outbox: asyncio.Queue[worker_pb2.AgentCommand | None] = asyncio.Queue()
+        try:
+            setup = self._agent.attach(hello.task_id, hello.instance, outbox)
+        except InvalidStateError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        await context.write(worker_pb2.AgentCommand(setup=setup))
+        reader = asyncio.ensure_future(self._read(context, hello.task_id, hello.instance, outbox))
+        try:
+            while True:
+                cmd = await outbox.get()
+                if cmd is None:
+                    break
+                await context.write(cmd)
+        finally:
+            reader.cancel()
+            self._agent.detach(hello.task_id, hello.instance)
+
+    async def _read(
+        self,
+        context: grpc.aio.ServicerContext,
+        task_id: str,
+        instance: int,
+        outbox: Any,
+    ) -> None:
+        try:
+            while True:
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                self._agent.on_worker_message(task_id, instance, msg)
+        except Exception:
+            log.exception("worker stream for task %s failed", task_id)
+        finally:
+            outbox.put_nowait(None)

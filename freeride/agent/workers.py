@@ -1,0 +1,114 @@
+"""Worker processes: spawn one per task, learn of its exit as an event, kill it with its children."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from freeride._window import WindowWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerProcess:
+    task_id: str
+    instance: int
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    window: WindowWriter
+    kill_reason: str = ""
+    failure: str = ""
+    retryable: bool = True
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the worker's whole process group (a task's own children die with it)."""
+        if not self.kill_reason:
+            self.kill_reason = reason
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class WorkerLauncher:
+    def __init__(self, agent_target: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self._target = agent_target
+        self._log_dir = log_dir
+        self._env = env
+
+    async def spawn(
+        self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None]
+    ) -> WorkerProcess:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._log_dir / f"task-{task_id}.log"
+        env = dict(os.environ if self._env is None else self._env)
+        env["PYTHONUNBUFFERED"] = "1"
+        window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
+        with open(log_path, "ab") as logf:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "freeride.sdk.worker",
+                "--agent",
+                self._target,
+                "--task-id",
+                task_id,
+                "--instance",
+                str(instance),
+                "--window-fd",
+                str(window.read_fd),
+                pass_fds=(window.read_fd,),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logf,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: one killpg reaches its children
+                env=env,
+            )
+        window.close_child_end()
+        worker = WorkerProcess(task_id, instance, proc, log_path, window)
+        asyncio.get_running_loop().create_task(self._watch(worker, on_exit))
+        return worker
+
+    @staticmethod
+    async def _watch(worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
+        code = await worker.proc.wait()
+        # Reap whatever the task forked and left behind in its process group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.window.close()
+        worker.exited.set()
+        on_exit(worker, code)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker killed by {name}"
+    return f"worker exited with code {code}"
+
+
+def last_log_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of a worker log: usually the exception that killed it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""

@@ -1,0 +1,1 @@
+"""Benchmarks that measure the control path and the harvest (`freeride bench ...`)."""

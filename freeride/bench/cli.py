@@ -1,0 +1,24 @@
+"""`freeride bench control|harvest`: each prints one JSON object on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from freeride.bench import control, harvest
+
+    c = sub.add_parser("control", help="control-path latency: hook cost, grant and revoke latency")
+    control.add_args(c)
+    c.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
+    c.set_defaults(func=lambda ns: _emit(control.run(ns)))
+    h = sub.add_parser("harvest", help="replay a bubble trace against a synthetic task")
+    harvest.add_args(h)
+    h.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
+    h.set_defaults(func=lambda ns: _emit(harvest.run(ns)))
+
+
+def _emit(result: dict[str, object]) -> int:
+    print(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,140 @@
+"""`freeride bench harvest`: replay a bubble trace through a real agent and worker; how much was harvested?"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from freeride.bench import trace as tr
+from freeride.harness import AgentProcess, replay, wait_for_task
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import tasks_pb2
+
+_ORACLE_DRAWS = 32
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", default="1F1B", choices=["1F1B", "GPipe", "1f1b", "gpipe"])
+    p.add_argument("--stages", "-p", type=int, default=4)
+    p.add_argument("--microbatches", "-m", type=int, default=4)
+    p.add_argument("--forward-ms", "-F", type=float, default=20.0)
+    p.add_argument("--backward-ms", "-B", type=float, default=40.0)
+    p.add_argument("--stage", type=int, default=1, help="which stage's bubbles to replay")
+    p.add_argument("--trace-jitter", type=float, default=0.02, help="relative jitter of F and B (0.02 = ±2%%)")
+    p.add_argument("--step-ms", "-S", type=float, default=5.0)
+    p.add_argument("--step-jitter-ms", type=float, default=0.25)
+    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--trace", type=Path, help="replay this recorded trace (JSON) instead of generating one")
+    p.add_argument("--margin-ms", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def oracle_fill(length_s: float, step_s: float, jitter_s: float, rng: random.Random) -> float:
+    """Expected busy time of a prescient scheduler: steps back to back from the bubble's first instant."""
+    if jitter_s == 0:
+        return int(length_s / step_s) * step_s
+    total = 0.0
+    for _ in range(_ORACLE_DRAWS):
+        t = 0.0
+        while True:
+            d = step_s + rng.uniform(-jitter_s, jitter_s)
+            if t + d > length_s:
+                break
+            t += d
+        total += t
+    return total / _ORACLE_DRAWS
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(ns: argparse.Namespace) -> dict[str, Any]:
+    if ns.trace is not None:
+        stage_trace = tr.load(ns.trace)
+        ns.iterations = len(stage_trace)
+    else:
+        if not 0 <= ns.stage < ns.stages:
+            raise ValueError(f"--stage must be in 0..{ns.stages - 1}")
+        stage_trace = tr.generate(
+            ns.schedule, ns.stages, ns.microbatches, ns.forward_ms, ns.backward_ms, ns.trace_jitter,
+            ns.iterations, ns.seed,
+        )[ns.stage]
+    extra = ["--margin-ms", str(ns.margin_ms)] if ns.margin_ms is not None else []
+    with AgentProcess(extra_args=extra) as agent, agent.client() as client:
+        spec = tasks_pb2.TaskSpec(
+            name="synthetic", ref="freeride.bench.tasks:SleepTask",
+            args={"step_ms": str(ns.step_ms), "jitter_ms": str(ns.step_jitter_ms), "seed": str(ns.seed)},
+        )
+        task = client.submit(spec)
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
+        windows: list[tasks_pb2.WindowRecord] = []
+        events = client.watch()
+        done = threading.Event()
+        enough = threading.Event()
+        expected = _expected_windows(stage_trace)
+
+        def collect() -> None:
+            try:
+                for ev in events:
+                    if ev.HasField("window"):
+                        windows.append(ev.window)
+                        if len(windows) >= expected:
+                            enough.set()
+            except Exception:  # cancelled at the end
+                pass
+            done.set()
+
+        threading.Thread(target=collect, daemon=True).start()
+        reporter = BubbleReporter(agent.target, rank=ns.stage, stage=ns.stage)
+        if not reporter.wait_connected(10):
+            raise RuntimeError("the reporter could not connect to the agent")
+        t0 = time.monotonic()
+        bubbles = replay(reporter, stage_trace)
+        wall_s = time.monotonic() - t0
+        reporter.close()
+        enough.wait(2.0)  # the last window is accounted when its worker reports idle
+        stats = client.stats()
+        events.cancel()
+        done.wait(2)
+    rng = random.Random(ns.seed + 1)
+    bubble_lengths = [(e - s) / 1e9 for _, s, e in bubbles]
+    ideal = sum(oracle_fill(length, ns.step_ms / 1e3, ns.step_jitter_ms / 1e3, rng) for length in bubble_lengths)
+    g = stats.gpu
+    t = stats.tasks[0].counters
+    overruns_ms = [sum(sh.overrun_ns for sh in w.shares) / 1e6 for w in windows]
+    grant_us = [
+        (w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].first_step_ns
+    ]
+    return {
+        "benchmark": "harvest",
+        "schedule": ns.schedule, "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,
+        "stage": ns.stage, "trace_jitter": ns.trace_jitter, "S_ms": ns.step_ms, "step_jitter_ms": ns.step_jitter_ms,
+        "iterations": ns.iterations, "wall_s": round(wall_s, 3),
+        "bubbles": g.bubbles,
+        "bubble_s": round(g.bubble_s, 4),
+        "harvested_s": round(g.harvested_s, 4),
+        "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
+        "ideal_efficiency": round(ideal / sum(bubble_lengths), 4) if bubble_lengths else 0.0,
+        "steps": t.steps,
+        "overrun_steps": t.overrun_steps,
+        "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,
+        "overrun_time_fraction": round(g.overrun_s / g.bubble_s, 5) if g.bubble_s else 0.0,
+        "overrun_ms_p99": round(_pct([o for o in overruns_ms if o > 0] or [0.0], 0.99), 3),
+        "prediction_error_p50": round(g.prediction_error_p50, 4),
+        "grant_us_p50": round(_pct(grant_us, 0.5), 1),
+        "grant_us_p99": round(_pct(grant_us, 0.99), 1),
+        "windows": len(windows),
+    }
+
+
+def _expected_windows(stage_trace: list[list[tr.Segment]]) -> int:
+    """Windows the agent can grant: none while the first two iterations are learned."""
+    return sum(seg.bubble for it in stage_trace[2:] for seg in it)

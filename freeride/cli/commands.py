@@ -1,0 +1,201 @@
+"""The CLI's subcommands: parse, call the agent, print a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from freeride.agent.config import AgentConfig, ConfigError, env_defaults
+from freeride.cli.main import UsageError, absolute_ref, print_json
+from freeride.cli.units import format_seconds, format_size, parse_size
+from freeride.client import AgentClient, agent_target
+from freeride.v1 import tasks_pb2
+
+_STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
+
+
+# -- agent ----------------------------------------------------------------------------------------
+def add_agent_args(p: argparse.ArgumentParser) -> None:
+    d = AgentConfig()
+    p.add_argument("--gpu", type=int, help=f"GPU index this agent serves (env FREERIDE_GPU, default {d.gpu})")
+    p.add_argument("--state-dir", type=Path, help="registry, ledger, checkpoints, logs (env FREERIDE_STATE_DIR)")
+    p.add_argument("--socket", type=Path, help="unix socket path (env FREERIDE_SOCKET; default per GPU)")
+    p.add_argument("--tcp", help="also listen on HOST:PORT (env FREERIDE_TCP; off by default)")
+    p.add_argument("--margin-ms", type=float, help=f"safety margin cut from each window (default {d.margin_ms})")
+    p.add_argument("--max-restarts", type=int, help=f"crash restarts before FAILED (default {d.max_restarts})")
+    p.add_argument("--restart-backoff-s", type=float, help=f"first restart delay (default {d.restart_backoff_s})")
+    p.add_argument("--checkpoint-interval-s", type=float,
+                   help=f"periodic checkpoint interval (default {d.checkpoint_interval_s})")
+    p.add_argument("--hang-timeout-s", type=float,
+                   help=f"kill a step this long after its window closed (default {d.hang_timeout_s})")
+    p.add_argument("--shutdown-grace-s", type=float, help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
+    p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": record.created, "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def agent_config(ns: argparse.Namespace) -> AgentConfig:
+    values = env_defaults(os.environ)
+    for name in AgentConfig.__dataclass_fields__:
+        given = getattr(ns, name, None)
+        if given is not None:
+            values[name] = given
+    try:
+        return AgentConfig(**values).validate()  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def cmd_agent(ns: argparse.Namespace) -> int:
+    from freeride.agent.server import serve
+
+    config = agent_config(ns)
+    handler = logging.StreamHandler()
+    if config.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=ns.log_level.upper(), handlers=[handler], force=True)
+    return asyncio.run(serve(config))
+
+
+# -- client commands ------------------------------------------------------------------------------
+def _client(ns: argparse.Namespace) -> AgentClient:
+    ns.target = agent_target(ns.agent, ns.gpu)
+    return AgentClient(ns.target)
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    args: dict[str, str] = {}
+    for pair in ns.args:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"task argument {pair!r} must be key=value")
+        args[key] = value
+    mem = parse_size(ns.mem) if ns.mem else 0
+    spec = tasks_pb2.TaskSpec(
+        name=ns.name, ref=absolute_ref(ns.ref), args=args, priority=ns.priority, mem_limit_bytes=mem,
+        max_restarts=ns.max_restarts, checkpoint_interval_s=ns.checkpoint_interval,
+    )
+    if not 0 <= ns.priority <= 100:
+        raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")
+    with _client(ns) as c:
+        info = c.submit(spec)
+    if ns.json:
+        print_json(info)
+    else:
+        print(f"submitted task {info.id} ({info.spec.name}): {_STATE_NAMES[info.state]}")
+    return 0
+
+
+def cmd_ls(ns: argparse.Namespace) -> int:
+    states = []
+    for name in ns.state:
+        value = tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}") if name.upper() in _STATE_NAMES.values() else None
+        if value is None:
+            raise UsageError(f"unknown state {name!r}; one of {', '.join(sorted(set(_STATE_NAMES.values()) - {'UNSPECIFIED'}))}")
+        states.append(value)
+    with _client(ns) as c:
+        tasks = c.list(states)
+    if ns.json:
+        print_json([_dict(t) for t in tasks])
+        return 0
+    table = Table(title=f"tasks on {ns.target}")
+    for col in ("id", "name", "state", "prio", "steps", "harvested", "restarts", "reason"):
+        table.add_column(col)
+    for t in tasks:
+        table.add_row(
+            t.id, t.spec.name, _STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
+            format_seconds(t.counters.harvested_s), str(t.restarts), t.reason,
+        )
+    Console().print(table)
+    return 0
+
+
+def cmd_task_action(ns: argparse.Namespace) -> int:
+    with _client(ns) as c:
+        info = {"show": c.get, "cancel": c.cancel, "pause": c.pause, "resume": c.resume}[ns.action](ns.task_id)
+    if ns.json:
+        print_json(info)
+        return 0
+    if ns.action != "show":
+        print(f"task {info.id} ({info.spec.name}): {_STATE_NAMES[info.state]}")
+        return 0
+    cnt = info.counters
+    rows = [
+        ("id", info.id), ("name", info.spec.name), ("task", info.spec.ref), ("kind", info.kind),
+        ("args", " ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items())) or "-"),
+        ("state", _STATE_NAMES[info.state]), ("reason", info.reason or "-"),
+        ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
+        ("restarts", str(info.restarts)), ("pid", str(info.pid or "-")),
+        ("steps", str(cnt.steps)), ("harvested", format_seconds(cnt.harvested_s)),
+        ("overruns", f"{cnt.overrun_steps} steps, {format_seconds(cnt.overrun_s)}"),
+        ("windows", str(cnt.windows)), ("killed steps", str(cnt.killed_steps)),
+        ("step estimate (p95)", format_seconds(cnt.step_estimate_s)),
+        ("peak memory", format_size(cnt.peak_memory_bytes)),
+        ("checkpoint", f"at step {info.checkpoint_steps}" if info.checkpoint_steps else "-"),
+        ("submitted", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created_unix_s))),
+    ]
+    rows += [(f"progress.{k}", f"{v:g}") for k, v in sorted(info.progress.items())]
+    table = Table(show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+    return 0
+
+
+def cmd_stats(ns: argparse.Namespace) -> int:
+    with _client(ns) as c:
+        stats = c.stats()
+    g = stats.gpu
+    if ns.json:
+        out = _dict(stats)
+        out["gpu"]["efficiency"] = g.harvested_s / g.bubble_s if g.bubble_s else 0.0
+        for t, info in zip(out.get("tasks", []), stats.tasks, strict=True):
+            t["counters"]["efficiency"] = info.counters.harvested_s / g.bubble_s if g.bubble_s else 0.0
+        print_json(out)
+        return 0
+    console = Console()
+    gt = Table(title=f"GPU {g.gpu} ({ns.target}), up {format_seconds(g.uptime_s)}, {g.trainers} trainer stream(s)")
+    for col in ("bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns", "prediction error p50"):
+        gt.add_column(col)
+    gt.add_row(
+        str(g.bubbles), format_seconds(g.bubble_s), format_seconds(g.harvested_s),
+        f"{g.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-", str(g.steps),
+        f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", f"{g.prediction_error_p50:.1%}",
+    )
+    console.print(gt)
+    tt = Table(title="tasks")
+    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95"):
+        tt.add_column(col)
+    for t in stats.tasks:
+        cnt = t.counters
+        tt.add_row(
+            t.id, t.spec.name, _STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
+            f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
+            f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
+        )
+    console.print(tt)
+    return 0
+
+
+def _dict(msg: object) -> dict:  # type: ignore[type-arg]
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)  # type: ignore[arg-type]

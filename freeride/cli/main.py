@@ -1,0 +1,143 @@
+"""The `freeride` command line. Configures logging; everything below it only uses loggers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from freeride.errors import FreerideError
+
+_AGENT_HINT = "start one with `freeride agent --gpu N --state-dir DIR` (or pass --agent ADDRESS)"
+
+
+class UsageError(FreerideError):
+    """Bad command-line input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _add_agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", default=os.environ.get("FREERIDE_AGENT", ""),
+                   help="agent address: a socket path, unix:PATH or HOST:PORT (env FREERIDE_AGENT)")
+    p.add_argument("--gpu", type=int, default=int(os.environ.get("FREERIDE_GPU", "0") or 0),
+                   help="GPU whose default agent socket to use when --agent is not given (env FREERIDE_GPU)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from freeride.cli import commands
+
+    parser = _Parser(prog="freeride", description="Run side tasks in the bubbles of pipeline-parallel training.")
+    parser.add_argument("--log-level", default=os.environ.get("FREERIDE_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    a = sub.add_parser("agent", help="run the agent for one GPU (a daemon)")
+    commands.add_agent_args(a)
+    a.set_defaults(func=commands.cmd_agent)
+
+    s = sub.add_parser("submit", help="submit a side task")
+    _add_agent_args(s)
+    s.add_argument("ref", help="package.module:Class or path/to/file.py:Class")
+    s.add_argument("args", nargs="*", metavar="key=value", help="arguments for the task's constructor")
+    s.add_argument("--name", default="")
+    s.add_argument("--priority", type=int, default=0, help="0..100, higher runs first (default: the task's own)")
+    s.add_argument("--mem", default="", help="memory cap, e.g. 4GiB (default: the task's own)")
+    s.add_argument("--max-restarts", type=int, default=-1, help="crash restarts before FAILED (default: agent's)")
+    s.add_argument("--checkpoint-interval", type=float, default=0.0, metavar="SECONDS")
+    s.set_defaults(func=commands.cmd_submit)
+
+    ls = sub.add_parser("ls", help="list tasks")
+    _add_agent_args(ls)
+    ls.add_argument("--state", action="append", default=[], help="only tasks in this state (repeatable)")
+    ls.set_defaults(func=commands.cmd_ls)
+
+    for name, helptext in (
+        ("show", "show one task"),
+        ("cancel", "cancel a task (it checkpoints first)"),
+        ("pause", "pause a task (it checkpoints and frees its memory)"),
+        ("resume", "resume a paused task from its checkpoint"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _add_agent_args(p)
+        p.add_argument("task_id")
+        p.set_defaults(func=commands.cmd_task_action, action=name)
+
+    st = sub.add_parser("stats", help="harvested GPU time per task and per GPU")
+    _add_agent_args(st)
+    st.set_defaults(func=commands.cmd_stats)
+
+    b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
+    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    from freeride.bench import cli as bench_cli
+
+    bench_cli.add_parsers(bsub)
+
+    d = sub.add_parser("demo", help="the main demo: agent + synthetic pipeline trainer + a side task")
+    from freeride import demo
+
+    demo.add_args(d)
+    d.set_defaults(func=demo.cmd_demo)
+    return parser
+
+
+def print_json(obj: Message | dict[str, Any] | list[Any]) -> None:
+    if isinstance(obj, Message):
+        obj = MessageToDict(obj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _fail(message: str) -> int:
+    print(f"freeride: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> int:
+    try:
+        return func(ns)
+    except FreerideError as exc:
+        return _fail(str(exc))
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not getattr(
+            exc, "details", lambda: ""
+        )().startswith("the agent"):
+            return _fail(f"no agent answers at {getattr(ns, 'target', 'the agent address')}: {_AGENT_HINT}")
+        return _fail(exc.details() if hasattr(exc, "details") else str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    level = getattr(logging, str(ns.log_level).upper(), None)
+    if not isinstance(level, int):
+        return _fail(f"--log-level {ns.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    if ns.command != "agent":
+        logging.basicConfig(level=max(level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
+    return run(ns.func, ns)
+
+
+def absolute_ref(ref: str) -> str:
+    """Make a file reference absolute: the agent resolves paths from its own directory."""
+    path, sep, cls = ref.rpartition(":")
+    if sep and path.endswith(".py"):
+        return f"{Path(path).absolute()}:{cls}"
+    return ref
+
+
+if __name__ == "__main__":
+    sys.exit(main())

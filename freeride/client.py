@@ -1,0 +1,80 @@
+"""A small synchronous client for one agent: what the CLI, the benchmarks and tests use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from freeride.agent.config import default_socket
+from freeride.errors import AgentUnavailableError
+from freeride.v1 import tasks_pb2, tasks_pb2_grpc
+
+
+def agent_target(address: str | None = None, gpu: int = 0) -> str:
+    """A gRPC target: an explicit address (unix path, unix:..., host:port) or the GPU's default socket."""
+    if not address:
+        return f"unix:{default_socket(gpu)}"
+    if address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return address
+    if address.startswith(("/", ".")) or address.endswith(".sock"):
+        return f"unix:{Path(address).absolute()}"
+    return address
+
+
+class AgentClient:
+    def __init__(self, target: str, timeout_s: float = 30.0) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(target)
+        self.tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Block until the agent reports SERVING on its health service (event, not polling)."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+            reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except (grpc.FutureTimeoutError, grpc.RpcError):
+            raise AgentUnavailableError(f"no agent answers at {self.target}") from None
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise AgentUnavailableError(f"the agent at {self.target} is not serving")
+
+    def health(self) -> int:
+        return int(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s).status)
+
+    def submit(self, spec: tasks_pb2.TaskSpec) -> tasks_pb2.TaskInfo:
+        return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=self.timeout_s)
+
+    def list(self, states: list[int] | None = None) -> list[tasks_pb2.TaskInfo]:
+        return list(self.tasks.List(tasks_pb2.ListRequest(states=states or []), timeout=self.timeout_s).tasks)
+
+    def get(self, task_id: str) -> tasks_pb2.TaskInfo:
+        return self.tasks.Get(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def cancel(self, task_id: str) -> tasks_pb2.TaskInfo:
+        return self.tasks.Cancel(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def pause(self, task_id: str) -> tasks_pb2.TaskInfo:
+        return self.tasks.Pause(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def resume(self, task_id: str) -> tasks_pb2.TaskInfo:
+        return self.tasks.Resume(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def stats(self) -> tasks_pb2.StatsResponse:
+        return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)
+
+    def watch(self) -> Iterator[tasks_pb2.AgentEvent]:
+        """Events as they happen; cancel by closing the client or breaking out of the loop."""
+        return self.tasks.Watch(tasks_pb2.WatchRequest())  # type: ignore[no-any-return]

@@ -1,0 +1,155 @@
+"""Run a real agent as a child process and wait on it by events: used by the demo, benchmarks and tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from freeride.bench.trace import Segment
+from freeride.client import AgentClient
+from freeride.errors import AgentUnavailableError
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import tasks_pb2
+
+
+class AgentProcess:
+    """`freeride agent` in a child process with its own state dir and socket."""
+
+    def __init__(self, state_dir: Path | None = None, gpu: int = 0, extra_args: Iterable[str] = (),
+                 log_path: Path | None = None) -> None:
+        self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="freeride-")
+        self.state_dir = state_dir if state_dir is not None else Path(self._tmp.name) / "state"  # type: ignore[union-attr]
+        self.socket = self.state_dir.parent / f"agent-gpu{gpu}.sock"
+        self.gpu = gpu
+        self.target = f"unix:{self.socket}"
+        self._extra = list(extra_args)
+        self.log_path = log_path or self.state_dir.parent / f"agent-gpu{gpu}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> AgentProcess:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "freeride", "agent", "--gpu", str(self.gpu), "--state-dir", str(self.state_dir),
+                 "--socket", str(self.socket), *self._extra],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        with AgentClient(self.target) as c:
+            try:
+                c.wait_ready(timeout_s)
+            except AgentUnavailableError:
+                code = self.proc.poll()
+                raise AgentUnavailableError(
+                    f"agent did not come up (exit code {code}); log: {self.log_path}\n{self.log_tail()}"
+                ) from None
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait for the ordered shutdown; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def client(self) -> AgentClient:
+        return AgentClient(self.target)
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def wait_for_task(client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0) -> tasks_pb2.TaskInfo:
+    """Block until the task reaches one of `states`, driven by the agent's event stream."""
+    wanted = set(states)
+    events = client.watch()
+    timer = threading.Timer(timeout_s, events.cancel)
+    timer.start()
+    try:
+        info = client.get(task_id)  # after subscribing: no transition can slip between the two
+        if info.state in wanted:
+            return info
+        for ev in events:
+            if ev.HasField("task") and ev.task.id == task_id and ev.task.state in wanted:
+                return ev.task
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            raise
+    finally:
+        timer.cancel()
+        events.cancel()
+    names = [tasks_pb2.TaskState.Name(s) for s in wanted]
+    info = client.get(task_id)
+    raise TimeoutError(
+        f"task {task_id} did not reach {names} in {timeout_s}s: {tasks_pb2.TaskState.Name(info.state)} {info.reason}"
+    )
+
+
+def sleep_until(deadline_ns: int) -> None:
+    """The synthetic trainer's stand-in for compute and for waiting on a neighbour."""
+    delay = deadline_ns - time.monotonic_ns()
+    if delay > 0:
+        time.sleep(delay / 1e9)
+
+
+def replay(reporter: BubbleReporter, iterations: list[list[Segment]]) -> list[tuple[int, int, int]]:
+    """Play a stage's trace in real time; returns (slot, start_ns, end_ns) of every bubble reported."""
+    bubbles = []
+    t = time.monotonic_ns()
+    for it, segments in enumerate(iterations):
+        reporter.set_iteration(it)
+        for seg in segments:
+            t += int(seg.duration_s * 1e9)
+            if seg.bubble:
+                reporter.start(seg.slot, seg.kind)
+                start = time.monotonic_ns()
+                sleep_until(t)
+                end = time.monotonic_ns()
+                reporter.end(seg.slot, seg.kind)
+                bubbles.append((seg.slot, start, end))
+            else:
+                sleep_until(t)
+    return bubbles
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str):  # type: ignore[no-untyped-def]
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

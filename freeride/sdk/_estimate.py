@@ -1,0 +1,44 @@
+"""Online step-time estimate: a high percentile of recent steps."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class StepEstimator:
+    """p-th percentile of the last `window` step durations; None until a step was seen.
+
+    Recomputed lazily every few samples (a step must not pay for a sort); a sample above the
+    cached value raises it at once, so the estimate is never late on the side that overruns.
+    """
+
+    def __init__(self, percentile: float = 0.95, window: int = 64, refresh_every: int = 8) -> None:
+        self._samples: deque[int] = deque(maxlen=window)
+        self._percentile = percentile
+        self._refresh_every = refresh_every
+        self._since_refresh = 0
+        self._cached: int | None = None
+
+    def add(self, duration_ns: int) -> None:
+        self._samples.append(duration_ns)
+        self._since_refresh += 1
+        if self._cached is None or duration_ns > self._cached or self._since_refresh >= self._refresh_every:
+            self._refresh()
+
+    def estimate_ns(self) -> int | None:
+        return self._cached
+
+    def samples(self) -> list[int]:
+        return list(self._samples)
+
+    def load(self, samples: list[int]) -> None:
+        self._samples.clear()
+        self._samples.extend(samples)
+        if self._samples:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        ordered = sorted(self._samples)
+        index = min(len(ordered) - 1, int(self._percentile * len(ordered)))
+        self._cached = ordered[index]
+        self._since_refresh = 0

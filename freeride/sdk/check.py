@@ -1,0 +1,39 @@
+"""`python -m freeride.sdk.check REF [key=value ...]`: validate a task reference in a throwaway process.
+
+The agent runs this before accepting a submission, so that user code is never imported into
+the agent itself. Prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from freeride.errors import TaskRefError
+from freeride.sdk._loader import bind_args, kind_of, load_class
+
+
+def check(ref: str, args: dict[str, str]) -> dict[str, object]:
+    try:
+        cls = load_class(ref)
+        bind_args(cls, args)
+    except TaskRefError as exc:
+        return {"ok": False, "error": str(exc)}
+    return {
+        "ok": True,
+        "kind": kind_of(cls),
+        "mem_limit_bytes": int(getattr(cls, "mem_limit_bytes", 0) or 0),
+        "priority": int(getattr(cls, "priority", 0) or 0),
+        "name": cls.__name__,
+    }
+
+
+def main(argv: list[str]) -> int:
+    ref, *pairs = argv
+    args = dict(p.split("=", 1) for p in pairs)
+    print(json.dumps(check(ref, args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""The two ways to write a side task: iterative (the framework calls step) and imperative."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+
+class _Runtime(Protocol):
+    def remaining_s(self) -> float: ...
+    def yield_point(self) -> None: ...
+
+
+@dataclass
+class TaskContext:
+    """What a running task may know about where it runs."""
+
+    task_id: str
+    checkpoint_path: str
+    device: str = "cpu"
+    mem_limit_bytes: int = 0
+    _runtime: _Runtime | None = field(default=None, repr=False)
+
+    def remaining_s(self) -> float:
+        """Seconds left in the current bubble window (0 outside one); lets a step size itself."""
+        return self._runtime.remaining_s() if self._runtime is not None else 0.0
+
+
+class _TaskBase:
+    """Shared by both task kinds: declared resources and optional checkpoint hooks."""
+
+    #: Memory cap the task needs (bytes); 0 means undeclared. `freeride submit --mem` overrides it.
+    mem_limit_bytes: ClassVar[int] = 0
+    #: Default priority (0..100, higher first); `freeride submit --priority` overrides it.
+    priority: ClassVar[int] = 0
+
+    context: TaskContext
+
+    def setup(self) -> None:
+        """Load data and build state; runs once per worker process, before any window."""
+
+    def state_dict(self) -> Mapping[str, Any] | None:
+        """State to checkpoint (picklable); None means the task cannot resume mid-way."""
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what state_dict returned; called after setup() when resuming."""
+
+    def progress(self) -> Mapping[str, float]:
+        """Numbers that show how far the task got (loss, accuracy, items done)."""
+        return {}
+
+    def teardown(self) -> None:
+        """Release resources; runs when the worker stops for any reason it can handle."""
+
+
+class IterativeTask(_TaskBase):
+    """A task made of short steps; freeride runs `step()` only when it fits the open bubble."""
+
+    def step(self) -> None:
+        """One bounded piece of work. Keep it shorter than the bubbles you want to use."""
+        raise NotImplementedError
+
+    def is_done(self) -> bool:
+        """True when the task has finished its work."""
+        return False
+
+
+class ImperativeTask(_TaskBase):
+    """A task written as a plain loop that calls `self.yield_point()` between pieces of work."""
+
+    def run(self) -> None:
+        """The whole task. Returning means it is done."""
+        raise NotImplementedError
+
+    def yield_point(self) -> None:
+        """Mark the end of one piece of work; returns when the next piece may run.
+
+        Raises TaskStop (a BaseException) when the task must stop; let it propagate.
+        """
+        runtime = self.context._runtime
+        if runtime is not None:
+            runtime.yield_point()

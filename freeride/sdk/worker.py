@@ -1,0 +1,335 @@
+"""The side-task worker process: `python -m freeride.sdk.worker --agent ADDR --task-id ID --instance N`.
+
+Spawned by the agent, one per task. It attaches over one bidirectional gRPC stream, receives
+bubble windows through the window word (freeride._window), and decides locally, before every
+step, whether the next step fits the window (no round trip per step). A reader thread turns
+agent commands (setup, pause, cancel) into state changes; the main thread runs the user's code
+and blocks on the wake-up pipes between windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import resource
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from freeride._window import WindowReader
+from freeride.errors import TaskRefError, TaskStop
+from freeride.sdk._estimate import StepEstimator
+from freeride.sdk._loader import bind_args, load_class
+from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
+from freeride.v1 import worker_pb2 as pb
+from freeride.v1 import worker_pb2_grpc
+
+log = logging.getLogger("freeride.worker")
+
+_REPORT_BATCH = 256
+_CHECKPOINT_VERSION = 1
+
+
+class _Shared:
+    """What the gRPC reader thread tells the main thread; `wake` interrupts its idle wait."""
+
+    def __init__(self) -> None:
+        self.control = pb.CONTROL_ACTION_UNSPECIFIED
+        self.lost = False
+        self.setup: pb.WorkerSetup | None = None
+        self.setup_received = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+
+class _Gate:
+    """Decides when the next step may run; reports steps and closed windows."""
+
+    def __init__(self, shared: _Shared, send: Any, estimator: StepEstimator, on_idle: Any) -> None:
+        self._s = shared
+        self._send = send
+        self.estimator = estimator
+        self._on_idle = on_idle
+        self.window: WindowReader | None = None
+        self._wid = 0
+        self._until_ns = 0
+        self._last_wid = 0
+        self._steps: list[pb.Step] = []
+        self.total_steps = 0
+        self.progress: Any = dict
+
+    def remaining_s(self) -> float:
+        if not self._wid:
+            return 0.0
+        return max(0.0, (self._until_ns - time.monotonic_ns()) / 1e9)
+
+    def acquire(self) -> None:
+        """Return when a step may start now; raise TaskStop when the worker must stop."""
+        s = self._s
+        assert self.window is not None
+        while True:
+            if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
+                self.close(pb.WINDOW_END_REASON_STOPPING)
+                raise TaskStop
+            word = self.window.read()
+            if self._wid:
+                if word.window_id != self._wid or not word.open:
+                    self.close(pb.WINDOW_END_REASON_REVOKED)
+                    continue
+                now = time.monotonic_ns()
+                if now >= self._until_ns:
+                    self.close(pb.WINDOW_END_REASON_EXPIRED)
+                    continue
+                est = self.estimator.estimate_ns()
+                if est is not None and now + est > self._until_ns:
+                    self.close(pb.WINDOW_END_REASON_NO_FIT)
+                    continue
+                return
+            if word.open and word.window_id != self._last_wid:
+                self._wid, self._until_ns = word.window_id, word.until_ns
+                continue
+            if s.control == pb.CONTROL_ACTION_CHECKPOINT:
+                s.control = pb.CONTROL_ACTION_UNSPECIFIED
+                self._on_idle(force=True)
+                continue
+            # Idle: block until the agent writes the window word or the reader thread wakes us.
+            select.select([self.window.fd, s._wake_r], [], [])
+            s.drain()
+            if not self.window.drain():
+                s.lost = True
+
+    def step_done(self, start_ns: int, end_ns: int) -> None:
+        duration = end_ns - start_ns
+        self.estimator.add(duration)
+        self._steps.append(pb.Step(start_ns=start_ns, duration_ns=duration))
+        self.total_steps += 1
+        if len(self._steps) >= _REPORT_BATCH:
+            self._flush_steps()
+
+    def close(self, reason: int) -> None:
+        if not self._wid:
+            return
+        idle_ns = time.monotonic_ns()
+        self._flush_steps()
+        est = self.estimator.estimate_ns() or 0
+        self._send(
+            pb.WorkerMessage(
+                window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est)
+            )
+        )
+        self._last_wid, self._wid = self._wid, 0
+        if reason != pb.WINDOW_END_REASON_STOPPING:
+            self._on_idle(force=False)
+
+    def _flush_steps(self) -> None:
+        report = pb.StepReport(
+            window_id=self._wid,
+            steps=self._steps,
+            progress=self.progress(),
+            peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        )
+        self._steps = []
+        self._send(pb.WorkerMessage(steps=report))
+
+
+class Worker:
+    def __init__(self, target: str, task_id: str, instance: int, window_fd: int) -> None:
+        self._window_fd = window_fd
+        self.task_id = task_id
+        self.instance = instance
+        self._s = _Shared()
+        self._out: queue.SimpleQueue[pb.WorkerMessage | None] = queue.SimpleQueue()
+        self._channel = grpc.insecure_channel(target)
+        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        self._ckpt_at = time.monotonic()
+        self.task: IterativeTask | ImperativeTask | None = None
+        self.gate = _Gate(self._s, self._out.put, StepEstimator(), self._maybe_checkpoint)
+
+    # -- stream plumbing -------------------------------------------------------------------------
+    def _requests(self) -> Iterator[pb.WorkerMessage]:
+        while True:
+            msg = self._out.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self, responses: Iterator[pb.AgentCommand]) -> None:
+        s = self._s
+        try:
+            for cmd in responses:
+                which = cmd.WhichOneof("body")
+                if which == "control":
+                    s.control = cmd.control.action
+                    s.wake()
+                elif which == "setup":
+                    s.setup = cmd.setup
+                    s.setup_received.set()
+        except grpc.RpcError:
+            pass
+        s.lost = True
+        s.setup_received.set()
+        s.wake()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> int:
+        responses = self._stub.Attach(self._requests())
+        reader = threading.Thread(target=self._read, args=(responses,), name="freeride-agent-reader", daemon=True)
+        reader.start()
+        self._out.put(
+            pb.WorkerMessage(hello=pb.WorkerHello(task_id=self.task_id, instance=self.instance, pid=os.getpid()))
+        )
+        self._s.setup_received.wait()
+        setup = self._s.setup
+        if setup is None:
+            log.error("agent went away before sending the task setup")
+            return 1
+        try:
+            code = self._run_task(setup)
+        finally:
+            self._out.put(None)
+            reader.join(timeout=5)
+            self._channel.close()
+        return code
+
+    def _run_task(self, setup: pb.WorkerSetup) -> int:
+        try:
+            cls = load_class(setup.task_ref)
+            task = cls(**bind_args(cls, dict(setup.args)))
+        except TaskRefError as exc:
+            return self._fail(str(exc), retryable=False)
+        except Exception as exc:
+            return self._fail(f"constructing the task raised {type(exc).__name__}: {exc}", retryable=False)
+        self.task = task
+        self._setup = setup
+        self.gate.window = WindowReader(setup.window_file, self._window_fd)
+        task.context = TaskContext(
+            task_id=self.task_id,
+            checkpoint_path=setup.checkpoint_path,
+            mem_limit_bytes=setup.mem_limit_bytes,
+            _runtime=self.gate,
+        )
+        self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
+        kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
+        try:
+            task.setup()
+            resumed = self._restore()
+        except Exception as exc:
+            return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
+        self._out.put(pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed)))
+        try:
+            if isinstance(task, ImperativeTask):
+                self.gate.acquire()
+                task.run()
+            else:
+                while not task.is_done():
+                    self.gate.acquire()
+                    start = time.monotonic_ns()
+                    task.step()
+                    self.gate.step_done(start, time.monotonic_ns())
+        except TaskStop:
+            return self._stop()
+        except Exception as exc:
+            return self._fail(f"{'run' if kind == 'imperative' else 'step'}() raised {type(exc).__name__}: {exc}")
+        self.gate.close(pb.WINDOW_END_REASON_DONE)
+        self._checkpoint()
+        progress = self.gate.progress()
+        self._teardown()
+        self._out.put(pb.WorkerMessage(finished=pb.WorkerFinished(progress=progress)))
+        return 0
+
+    def _stop(self) -> int:
+        """Pause, cancel or a lost agent: save the state so nothing is lost, then exit."""
+        self._checkpoint()
+        self._teardown()
+        return 0
+
+    def _fail(self, reason: str, retryable: bool = True) -> int:
+        traceback.print_exc()
+        self._out.put(pb.WorkerMessage(failed=pb.WorkerFailed(reason=reason, retryable=retryable)))
+        if self.task is not None:
+            self._teardown()
+        return 1
+
+    def _teardown(self) -> None:
+        assert self.task is not None
+        try:
+            self.task.teardown()
+        except Exception:
+            log.exception("teardown raised")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _maybe_checkpoint(self, force: bool) -> None:
+        interval = self._setup.checkpoint_interval_s
+        if force or (interval > 0 and time.monotonic() - self._ckpt_at >= interval):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        assert self.task is not None
+        self._ckpt_at = time.monotonic()
+        state = self.task.state_dict()
+        if state is None:
+            return
+        path = Path(self._setup.checkpoint_path)
+        payload = {
+            "version": _CHECKPOINT_VERSION,
+            "steps": self.gate.total_steps,
+            "state": state,
+            "step_samples_ns": self.gate.estimator.samples(),
+        }
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self._out.put(
+            pb.WorkerMessage(checkpointed=pb.Checkpointed(steps=self.gate.total_steps, path=str(path)))
+        )
+
+    def _restore(self) -> int:
+        assert self.task is not None
+        path = Path(self._setup.checkpoint_path)
+        if not self._setup.checkpoint_path or not path.exists():
+            return 0
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+        self.task.load_state_dict(payload["state"])
+        self.gate.total_steps = int(payload["steps"])
+        self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
+        return self.gate.total_steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="freeride-worker")
+    parser.add_argument("--agent", required=True)
+    parser.add_argument("--task-id", required=True)
+    parser.add_argument("--instance", type=int, required=True)
+    parser.add_argument("--window-fd", type=int, required=True, help="read end of the agent's wake-up pipe")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return Worker(ns.agent, ns.task_id, ns.instance, ns.window_fd).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The training-side reporter: bubble edges go to the agent without ever blocking training.
+
+The training thread only stamps the time and appends to a bounded deque (a few microseconds);
+a background thread owns the gRPC stream, reconnects with backoff, and drops events while no
+agent is there. No exception from here can reach the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+
+import grpc
+
+from freeride.v1 import trainer_pb2, trainer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+START = trainer_pb2.BUBBLE_EDGE_START
+END = trainer_pb2.BUBBLE_EDGE_END
+
+
+class BubbleReporter:
+    """Report bubble START/END for one training rank to the agent of its GPU.
+
+    `start(slot)` / `end(slot)` cost microseconds and never raise; `bubble(slot)` is a context
+    manager around a wait. Events are dropped (and counted) when the queue is full or no agent
+    is connected: training never waits for freeride.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        rank: int = 0,
+        stage: int = 0,
+        max_queue: int = 65536,
+        reconnect_min_s: float = 0.1,
+        reconnect_max_s: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.rank = rank
+        self.stage = stage
+        self.iteration = 0
+        self.sent = 0
+        self.dropped = 0
+        self._queue: deque[trainer_pb2.BubbleEvent] = deque()
+        self._max_queue = max_queue
+        self._wake = threading.Event()
+        self._connected = threading.Event()
+        self._closed = False
+        self._backoff = (reconnect_min_s, reconnect_max_s)
+        self._warned = False
+        self._generation = 0
+        self._call: grpc.Future | None = None
+        self._thread = threading.Thread(target=self._run, name=f"freeride-reporter-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- training thread -----------------------------------------------------------------------------
+    def set_iteration(self, iteration: int) -> None:
+        """The training iteration that following edges belong to."""
+        self.iteration = iteration
+
+    def start(
+        self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0
+    ) -> None:
+        self._emit(START, slot, kind, expected_duration_ns, free_memory_bytes)
+
+    def end(self, slot: int, kind: int = 0) -> None:
+        self._emit(END, slot, kind, 0, 0)
+
+    @contextlib.contextmanager
+    def bubble(self, slot: int, kind: int = 0) -> Iterator[None]:
+        self.start(slot, kind)
+        try:
+            yield
+        finally:
+            self.end(slot, kind)
+
+    def _emit(self, edge: int, slot: int, kind: int, expected: int, free: int) -> None:
+        now = time.monotonic_ns()
+        try:
+            if not self._connected.is_set() or len(self._queue) >= self._max_queue:
+                self.dropped += 1
+                return
+            self._queue.append(
+                trainer_pb2.BubbleEvent(
+                    edge=edge, slot=slot, iteration=self.iteration, stage=self.stage, rank=self.rank,
+                    time_ns=now, expected_duration_ns=expected, free_memory_bytes=free, kind=kind,
+                )
+            )
+            self._wake.set()
+        except Exception:  # never into training
+            self.dropped += 1
+
+    # -- background thread ---------------------------------------------------------------------------
+    def wait_connected(self, timeout_s: float) -> bool:
+        """For tests and start-up: block until the stream to the agent is live."""
+        return self._connected.wait(timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(timeout=5)
+
+    def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleEvent]:
+        while not self._closed and generation == self._generation:
+            self._wake.wait()
+            self._wake.clear()
+            while self._queue and generation == self._generation:
+                self.sent += 1
+                yield self._queue.popleft()
+
+    def _run(self) -> None:
+        delay = self._backoff[0]
+        stop = threading.Event()
+        while not self._closed:
+            try:
+                with grpc.insecure_channel(self.target) as channel:
+                    stub = trainer_pb2_grpc.BubbleServiceStub(channel)
+                    call = stub.ReportBubbles(self._requests(self._generation))
+                    self._call = call
+                    for _welcome in call:
+                        if not self._connected.is_set():
+                            self._connected.set()
+                            self._warned = False
+                            delay = self._backoff[0]
+                            log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
+            except grpc.RpcError as exc:
+                if not self._closed and not self._warned:
+                    log.warning(
+                        "no freeride agent at %s (%s); training goes on, reporting resumes when it is back",
+                        self.target,
+                        exc.code().name if hasattr(exc, "code") else exc,
+                    )
+                    self._warned = True
+            except Exception:
+                log.exception("bubble reporter failed; retrying")
+            finally:
+                self._connected.clear()
+                self._generation += 1  # the old request generator wakes and returns
+                self._wake.set()
+                self._queue.clear()
+                self._call = None
+            if self._closed:
+                break
+            stop.wait(delay)  # back off before reconnecting (background thread, not the control path)
+            delay = min(delay * 2, self._backoff[1])

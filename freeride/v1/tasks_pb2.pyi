@@ -1,0 +1,231 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_SUBMITTED: _ClassVar[TaskState]
+    TASK_STATE_STARTING: _ClassVar[TaskState]
+    TASK_STATE_READY: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_PAUSED: _ClassVar[TaskState]
+    TASK_STATE_DONE: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_SUBMITTED: TaskState
+TASK_STATE_STARTING: TaskState
+TASK_STATE_READY: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_PAUSED: TaskState
+TASK_STATE_DONE: TaskState
+TASK_STATE_FAILED: TaskState
+TASK_STATE_CANCELLED: TaskState
+
+class TaskSpec(_message.Message):
+    __slots__ = ("name", "ref", "args", "priority", "mem_limit_bytes", "max_restarts", "checkpoint_interval_s")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MEM_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ref: str
+    args: _containers.ScalarMap[str, str]
+    priority: int
+    mem_limit_bytes: int
+    max_restarts: int
+    checkpoint_interval_s: float
+    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ...) -> None: ...
+
+class TaskCounters(_message.Message):
+    __slots__ = ("steps", "harvested_s", "overrun_s", "overrun_steps", "windows", "killed_steps", "step_estimate_s", "peak_memory_bytes")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    HARVESTED_S_FIELD_NUMBER: _ClassVar[int]
+    OVERRUN_S_FIELD_NUMBER: _ClassVar[int]
+    OVERRUN_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    KILLED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ESTIMATE_S_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    harvested_s: float
+    overrun_s: float
+    overrun_steps: int
+    windows: int
+    killed_steps: int
+    step_estimate_s: float
+    peak_memory_bytes: int
+    def __init__(self, steps: _Optional[int] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., windows: _Optional[int] = ..., killed_steps: _Optional[int] = ..., step_estimate_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class TaskInfo(_message.Message):
+    __slots__ = ("id", "spec", "state", "reason", "restarts", "created_unix_s", "updated_unix_s", "counters", "progress", "checkpoint_steps", "kind", "pid")
+    class ProgressEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: TaskSpec
+    state: TaskState
+    reason: str
+    restarts: int
+    created_unix_s: float
+    updated_unix_s: float
+    counters: TaskCounters
+    progress: _containers.ScalarMap[str, float]
+    checkpoint_steps: int
+    kind: str
+    pid: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., progress: _Optional[_Mapping[str, float]] = ..., checkpoint_steps: _Optional[int] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: TaskSpec
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ...) -> None: ...
+
+class TaskRef(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("states",)
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[TaskState]
+    def __init__(self, states: _Optional[_Iterable[_Union[TaskState, str]]] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GpuStats(_message.Message):
+    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    BUBBLES_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
+    HARVESTED_S_FIELD_NUMBER: _ClassVar[int]
+    OVERRUN_S_FIELD_NUMBER: _ClassVar[int]
+    OVERRUN_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_ERROR_P50_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_DELAY_US_P50_FIELD_NUMBER: _ClassVar[int]
+    EVENT_DELAY_US_P99_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    bubbles: int
+    bubble_s: float
+    harvested_s: float
+    overrun_s: float
+    overrun_steps: int
+    steps: int
+    windows: int
+    events: int
+    prediction_error_p50: float
+    uptime_s: float
+    dropped_events: int
+    trainers: int
+    event_delay_us_p50: float
+    event_delay_us_p99: float
+    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("gpu", "tasks")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    gpu: GpuStats
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    def __init__(self, gpu: _Optional[_Union[GpuStats, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AgentEvent(_message.Message):
+    __slots__ = ("time_ns", "task", "window")
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    time_ns: int
+    task: TaskInfo
+    window: WindowRecord
+    def __init__(self, time_ns: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., window: _Optional[_Union[WindowRecord, _Mapping]] = ...) -> None: ...
+
+class WindowRecord(_message.Message):
+    __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares")
+    WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_START_NS_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_END_NS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_NS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    window_id: int
+    rank: int
+    slot: int
+    iteration: int
+    bubble_start_ns: int
+    bubble_end_ns: int
+    until_ns: int
+    predicted_ns: int
+    shares: _containers.RepeatedCompositeFieldContainer[WindowShare]
+    def __init__(self, window_id: _Optional[int] = ..., rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., bubble_start_ns: _Optional[int] = ..., bubble_end_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[WindowShare, _Mapping]]] = ...) -> None: ...
+
+class WindowShare(_message.Message):
+    __slots__ = ("task_id", "first_step_ns", "idle_ns", "steps", "busy_ns", "overrun_ns")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_NS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_NS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_NS_FIELD_NUMBER: _ClassVar[int]
+    OVERRUN_NS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    first_step_ns: int
+    idle_ns: int
+    steps: int
+    busy_ns: int
+    overrun_ns: int
+    def __init__(self, task_id: _Optional[str] = ..., first_step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., overrun_ns: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Side tasks that ship with freeride (submit them as `sidetasks.<module>:<Class>`)."""
