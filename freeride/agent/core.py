@@ -63,6 +63,7 @@ class Agent:
         self.recent_windows: deque[tasks_pb2.WindowRecord] = deque(maxlen=1024)
         self.trainers = 0
         self.dropped_events = 0
+        self.rejected_events = 0
         self.shutting_down = False
         self.started_ns = clock()
         self.ckpt_dir = config.state_dir / "checkpoints"
@@ -262,6 +263,7 @@ class Agent:
                 prediction_error_p50=errors[len(errors) // 2] if errors else 0.0,
                 uptime_s=(self._clock() - self.started_ns) / 1e9,
                 dropped_events=self.dropped_events,
+                rejected_events=self.rejected_events,
                 trainers=self.trainers,
                 event_delay_us_p50=delays[len(delays) // 2] / 1e3 if delays else 0.0,
                 event_delay_us_p99=delays[int(len(delays) * 0.99)] / 1e3 if delays else 0.0,

@@ -20,6 +20,7 @@ log = logging.getLogger("freeride.agent")
 
 R = TypeVar("R")
 _MAX_CLOCK_SKEW_NS = 3600 * 10**9  # an edge an hour away from now is not from this host's clock
+_EDGES = (trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END)
 _STATUS = {
     TaskRefError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -97,7 +98,6 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
 class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
-        self.rejected = 0
 
     async def ReportBubbles(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         agent = self._agent
@@ -107,16 +107,16 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
         log.info("trainer connected (%s)", context.peer())
         try:
             while True:
-                ev = await context.read()
-                if ev is grpc.aio.EOF:
+                batch = await context.read()
+                if batch is grpc.aio.EOF:
                     break
-                if ev.edge not in (trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END) or abs(
-                    ev.time_ns - agent.clock()
-                ) > _MAX_CLOCK_SKEW_NS:
-                    self.rejected += 1
-                    continue
-                ranks.add(ev.rank)
-                agent.on_bubble(ev)
+                now = agent.clock()
+                for ev in batch.events:
+                    if ev.edge not in _EDGES or abs(ev.time_ns - now) > _MAX_CLOCK_SKEW_NS:
+                        agent.rejected_events += 1
+                        continue
+                    ranks.add(ev.rank)
+                    agent.on_bubble(ev)
         finally:
             agent.trainers -= 1
             for rank in ranks:

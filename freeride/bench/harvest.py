@@ -113,6 +113,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     grant_us = [
         (w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].first_step_ns
     ]
+    if getattr(ns, "debug_windows", False):
+        for w in windows:
+            sh = w.shares[0] if w.shares else None
+            print(w.slot, (w.until_ns - w.bubble_start_ns) / 1e6, (w.bubble_end_ns - w.bubble_start_ns) / 1e6,
+                  sh and (sh.first_step_ns - w.bubble_start_ns) / 1e3, sh and sh.steps, sh and (sh.idle_ns - w.bubble_start_ns) / 1e6)
     return {
         "benchmark": "harvest",
         "schedule": ns.schedule, "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,
@@ -129,6 +134,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "overrun_time_fraction": round(g.overrun_s / g.bubble_s, 5) if g.bubble_s else 0.0,
         "overrun_ms_p99": round(_pct([o for o in overruns_ms if o > 0] or [0.0], 0.99), 3),
         "prediction_error_p50": round(g.prediction_error_p50, 4),
+        "event_delay_us_p50": round(g.event_delay_us_p50, 1),
+        "event_delay_us_p99": round(g.event_delay_us_p99, 1),
         "grant_us_p50": round(_pct(grant_us, 0.5), 1),
         "grant_us_p99": round(_pct(grant_us, 0.99), 1),
         "windows": len(windows),

@@ -47,11 +47,15 @@ class BubbleReporter:
         self.iteration = 0
         self.sent = 0
         self.dropped = 0
-        self._queue: deque[trainer_pb2.BubbleEvent] = deque()
+        self._queue: deque[tuple[int, int, int, int, int, int, int]] = deque()
         self._max_queue = max_queue
-        self._wake = threading.Event()
+        self._signal = threading.Lock()  # held while the sender has nothing to do
+        self._signal.acquire()
+        self._sleeping = False
         self._connected = threading.Event()
+        self._live = False  # a plain bool: the hot path must not call Event.is_set()
         self._closed = False
+        self._stopping = threading.Event()
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._warned = False
         self._generation = 0
@@ -64,13 +68,33 @@ class BubbleReporter:
         """The training iteration that following edges belong to."""
         self.iteration = iteration
 
-    def start(
-        self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0
-    ) -> None:
-        self._emit(START, slot, kind, expected_duration_ns, free_memory_bytes)
+    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
+        """The rank is about to wait: its GPU is idle from now."""
+        now = time.monotonic_ns()
+        try:
+            if not self._live or len(self._queue) >= self._max_queue:
+                self.dropped += 1
+                return
+            self._queue.append((START, slot, self.iteration, now, expected_duration_ns, free_memory_bytes, kind))
+            if self._sleeping:  # wake the sender; a bare lock release never drops the GIL
+                self._sleeping = False
+                self._signal.release()
+        except Exception:  # never into training (a racing second release lands here too)
+            pass
 
     def end(self, slot: int, kind: int = 0) -> None:
-        self._emit(END, slot, kind, 0, 0)
+        """The wait is over: the GPU is needed again from now."""
+        now = time.monotonic_ns()
+        try:
+            if not self._live or len(self._queue) >= self._max_queue:
+                self.dropped += 1
+                return
+            self._queue.append((END, slot, self.iteration, now, 0, 0, kind))
+            if self._sleeping:
+                self._sleeping = False
+                self._signal.release()
+        except Exception:
+            pass
 
     @contextlib.contextmanager
     def bubble(self, slot: int, kind: int = 0) -> Iterator[None]:
@@ -80,46 +104,49 @@ class BubbleReporter:
         finally:
             self.end(slot, kind)
 
-    def _emit(self, edge: int, slot: int, kind: int, expected: int, free: int) -> None:
-        now = time.monotonic_ns()
-        try:
-            if not self._connected.is_set() or len(self._queue) >= self._max_queue:
-                self.dropped += 1
-                return
-            self._queue.append(
-                trainer_pb2.BubbleEvent(
-                    edge=edge, slot=slot, iteration=self.iteration, stage=self.stage, rank=self.rank,
-                    time_ns=now, expected_duration_ns=expected, free_memory_bytes=free, kind=kind,
-                )
-            )
-            self._wake.set()
-        except Exception:  # never into training
-            self.dropped += 1
-
     # -- background thread ---------------------------------------------------------------------------
+    def _release(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already released by another caller
+            self._signal.release()
+
+    def _wake(self) -> None:
+        self._sleeping = False
+        self._release()
+
     def wait_connected(self, timeout_s: float) -> bool:
         """For tests and start-up: block until the stream to the agent is live."""
         return self._connected.wait(timeout_s)
 
     def close(self) -> None:
         self._closed = True
-        self._wake.set()
+        self._stopping.set()
+        self._wake()
         call = self._call
         if call is not None:
             call.cancel()
         self._thread.join(timeout=5)
 
-    def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleEvent]:
+    def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
+        q = self._queue
         while not self._closed and generation == self._generation:
-            self._wake.wait()
-            self._wake.clear()
-            while self._queue and generation == self._generation:
-                self.sent += 1
-                yield self._queue.popleft()
+            if not q:
+                self._sleeping = True
+                if not q:  # an append between the check and the flag would otherwise not wake us
+                    self._signal.acquire()
+                self._sleeping = False
+            if not q or generation != self._generation:
+                continue
+            batch = trainer_pb2.BubbleBatch()
+            add = batch.events.add
+            while q:
+                edge, slot, iteration, now, expected, free, kind = q.popleft()
+                add(edge=edge, slot=slot, iteration=iteration, stage=self.stage, rank=self.rank, time_ns=now,
+                    expected_duration_ns=expected, free_memory_bytes=free, kind=kind)
+            self.sent += len(batch.events)
+            yield batch
 
     def _run(self) -> None:
         delay = self._backoff[0]
-        stop = threading.Event()
         while not self._closed:
             try:
                 with grpc.insecure_channel(self.target) as channel:
@@ -129,6 +156,7 @@ class BubbleReporter:
                     for _welcome in call:
                         if not self._connected.is_set():
                             self._connected.set()
+                            self._live = True
                             self._warned = False
                             delay = self._backoff[0]
                             log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
@@ -143,12 +171,13 @@ class BubbleReporter:
             except Exception:
                 log.exception("bubble reporter failed; retrying")
             finally:
+                self._live = False
                 self._connected.clear()
                 self._generation += 1  # the old request generator wakes and returns
-                self._wake.set()
+                self._wake()
                 self._queue.clear()
                 self._call = None
             if self._closed:
                 break
-            stop.wait(delay)  # back off before reconnecting (background thread, not the control path)
+            self._stopping.wait(delay)  # back off before reconnecting (background thread, not the control path)
             delay = min(delay * 2, self._backoff[1])

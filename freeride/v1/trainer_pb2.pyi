@@ -1,6 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -50,6 +52,12 @@ class BubbleEvent(_message.Message):
     free_memory_bytes: int
     kind: BubbleKind
     def __init__(self, edge: _Optional[_Union[BubbleEdge, str]] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., rank: _Optional[int] = ..., time_ns: _Optional[int] = ..., expected_duration_ns: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., kind: _Optional[_Union[BubbleKind, str]] = ...) -> None: ...
+
+class BubbleBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[BubbleEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[BubbleEvent, _Mapping]]] = ...) -> None: ...
 
 class TrainerWelcome(_message.Message):
     __slots__ = ("gpu", "agent_version")

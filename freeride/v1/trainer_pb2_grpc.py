@@ -36,7 +36,7 @@ class BubbleServiceStub:
         """
         self.ReportBubbles = channel.stream_stream(
                 '/freeride.v1.BubbleService/ReportBubbles',
-                request_serializer=freeride_dot_v1_dot_trainer__pb2.BubbleEvent.SerializeToString,
+                request_serializer=freeride_dot_v1_dot_trainer__pb2.BubbleBatch.SerializeToString,
                 response_deserializer=freeride_dot_v1_dot_trainer__pb2.TrainerWelcome.FromString,
                 _registered_method=True)
 
@@ -56,7 +56,7 @@ def add_BubbleServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ReportBubbles': grpc.stream_stream_rpc_method_handler(
                     servicer.ReportBubbles,
-                    request_deserializer=freeride_dot_v1_dot_trainer__pb2.BubbleEvent.FromString,
+                    request_deserializer=freeride_dot_v1_dot_trainer__pb2.BubbleBatch.FromString,
                     response_serializer=freeride_dot_v1_dot_trainer__pb2.TrainerWelcome.SerializeToString,
             ),
     }
@@ -85,7 +85,7 @@ class BubbleService:
             request_iterator,
             target,
             '/freeride.v1.BubbleService/ReportBubbles',
-            freeride_dot_v1_dot_trainer__pb2.BubbleEvent.SerializeToString,
+            freeride_dot_v1_dot_trainer__pb2.BubbleBatch.SerializeToString,
             freeride_dot_v1_dot_trainer__pb2.TrainerWelcome.FromString,
             options,
             channel_credentials,
