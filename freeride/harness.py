@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -115,6 +113,42 @@ def wait_for_task(client: AgentClient, task_id: str, states: Iterable[int], time
     )
 
 
+class WindowCollector:
+    """Gathers the agent's accounted windows from its event stream, in the background."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self.windows: list[tasks_pb2.WindowRecord] = []
+        self._cond = threading.Condition()
+        self._events = client.watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for ev in self._events:
+                if ev.HasField("window"):
+                    with self._cond:
+                        self.windows.append(ev.window)
+                        self._cond.notify_all()
+        except grpc.RpcError:
+            pass  # cancelled by close()
+
+    def wait_for(self, count: int, timeout_s: float) -> bool:
+        """Block until at least `count` windows were accounted; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
+
+    def close(self) -> None:
+        self._events.cancel()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> WindowCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def sleep_until(deadline_ns: int) -> None:
     """The synthetic trainer's stand-in for compute and for waiting on a neighbour."""
     delay = deadline_ns - time.monotonic_ns()
@@ -140,16 +174,3 @@ def replay(reporter: BubbleReporter, iterations: list[list[Segment]]) -> list[tu
             else:
                 sleep_until(t)
     return bubbles
-
-
-@contextlib.contextmanager
-def env_var(name: str, value: str):  # type: ignore[no-untyped-def]
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old

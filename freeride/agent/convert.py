@@ -24,7 +24,7 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
         args=dict(spec.args),
         priority=spec.priority,
         mem_limit_bytes=spec.mem_limit_bytes,
-        max_restarts=spec.max_restarts,
+        max_restarts=spec.max_restarts if spec.HasField("max_restarts") else -1,
         checkpoint_interval_s=spec.checkpoint_interval_s,
     )
 
@@ -36,7 +36,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         args=spec.args,
         priority=spec.priority,
         mem_limit_bytes=spec.mem_limit_bytes,
-        max_restarts=spec.max_restarts,
+        max_restarts=spec.max_restarts if spec.max_restarts >= 0 else None,
         checkpoint_interval_s=spec.checkpoint_interval_s,
     )
 

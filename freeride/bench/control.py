@@ -8,13 +8,12 @@ END edge (not by the prediction): that measures both START -> first step and END
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 from typing import Any
 
 import psutil
 
-from freeride.harness import AgentProcess, sleep_until, wait_for_task
+from freeride.harness import AgentProcess, WindowCollector, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -52,22 +51,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             tasks_pb2.TaskSpec(name="noop", ref="freeride.bench.tasks:NoopTask", args={"step_us": str(ns.step_us)})
         )
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
-        windows: list[tasks_pb2.WindowRecord] = []
-        enough = threading.Event()
-        target = [ns.bubbles]
-        events = client.watch()
-
-        def collect() -> None:
-            try:
-                for ev in events:
-                    if ev.HasField("window"):
-                        windows.append(ev.window)
-                        if len(windows) >= target[0]:
-                            enough.set()
-            except Exception:  # cancelled at the end
-                pass
-
-        threading.Thread(target=collect, daemon=True).start()
+        collector = WindowCollector(client)
         reporter = BubbleReporter(agent.target, max_queue=1 << 20)
         if not reporter.wait_connected(10):
             raise RuntimeError("the reporter could not connect to the agent")
@@ -86,24 +70,22 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             hook_ns += [b - a, d - c]
             t += int(ns.compute_ms * 1e6)
             sleep_until(t)
-        enough.wait(5.0)
+        collector.wait_for(ns.bubbles, 5.0)
         stats = client.stats()
         rss_before = psutil.Process(agent.proc.pid).memory_info().rss
         flood_s = 0.0
         if ns.flood:
             flood_s = _flood(reporter, ns.flood)
             # A last bubble behind the flood: once its window is accounted, the agent has seen every event.
-            enough.clear()
-            target[0] += 1
             reporter.start(ns.bubbles + 1, expected_duration_ns=4 * bubble_ns)
             sleep_until(time.monotonic_ns() + bubble_ns)
             reporter.end(ns.bubbles + 1)
-            enough.wait(60.0)
+            collector.wait_for(ns.bubbles + 1, 60.0)
         flood_stats = client.stats()
         rss_after = psutil.Process(agent.proc.pid).memory_info().rss
         reporter.close()
-        events.cancel()
-    windows = windows[: ns.bubbles]
+        collector.close()
+    windows = collector.windows[: ns.bubbles]
     grants = [(w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].steps]
     revokes = [
         (w.shares[0].idle_ns - w.bubble_end_ns) / 1e3

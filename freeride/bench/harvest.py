@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from freeride.bench import trace as tr
-from freeride.harness import AgentProcess, replay, wait_for_task
+from freeride.harness import AgentProcess, WindowCollector, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -75,24 +74,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         )
         task = client.submit(spec)
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
-        windows: list[tasks_pb2.WindowRecord] = []
-        events = client.watch()
-        done = threading.Event()
-        enough = threading.Event()
-        expected = _expected_windows(stage_trace)
-
-        def collect() -> None:
-            try:
-                for ev in events:
-                    if ev.HasField("window"):
-                        windows.append(ev.window)
-                        if len(windows) >= expected:
-                            enough.set()
-            except Exception:  # cancelled at the end
-                pass
-            done.set()
-
-        threading.Thread(target=collect, daemon=True).start()
+        collector = WindowCollector(client)
         reporter = BubbleReporter(agent.target, rank=ns.stage, stage=ns.stage)
         if not reporter.wait_connected(10):
             raise RuntimeError("the reporter could not connect to the agent")
@@ -100,10 +82,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         bubbles = replay(reporter, stage_trace)
         wall_s = time.monotonic() - t0
         reporter.close()
-        enough.wait(2.0)  # the last window is accounted when its worker reports idle
+        collector.wait_for(_expected_windows(stage_trace), 2.0)  # the last one is accounted when its worker idles
         stats = client.stats()
-        events.cancel()
-        done.wait(2)
+        collector.close()
+        windows = collector.windows
     rng = random.Random(ns.seed + 1)
     bubble_lengths = [(e - s) / 1e9 for _, s, e in bubbles]
     ideal = sum(oracle_fill(length, ns.step_ms / 1e3, ns.step_jitter_ms / 1e3, rng) for length in bubble_lengths)

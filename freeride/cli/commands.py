@@ -89,7 +89,8 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     mem = parse_size(ns.mem) if ns.mem else 0
     spec = tasks_pb2.TaskSpec(
         name=ns.name, ref=absolute_ref(ns.ref), args=args, priority=ns.priority, mem_limit_bytes=mem,
-        max_restarts=ns.max_restarts, checkpoint_interval_s=ns.checkpoint_interval,
+        max_restarts=ns.max_restarts if ns.max_restarts >= 0 else None,
+        checkpoint_interval_s=ns.checkpoint_interval,
     )
     if not 0 <= ns.priority <= 100:
         raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")

@@ -77,6 +77,7 @@ class _Gate:
         self._last_wid = 0
         self._steps: list[pb.Step] = []
         self.total_steps = 0
+        self._piece_start_ns = 0
         self.progress: Any = dict
 
     def remaining_s(self) -> float:
@@ -118,6 +119,16 @@ class _Gate:
             s.drain()
             if not self.window.drain():
                 s.lost = True
+
+    def yield_point(self) -> None:
+        """An imperative task finished a piece: account it, then wait until the next may run."""
+        self.step_done(self._piece_start_ns, time.monotonic_ns())
+        self.acquire()
+        self._piece_start_ns = time.monotonic_ns()
+
+    def begin_pieces(self) -> None:
+        self.acquire()
+        self._piece_start_ns = time.monotonic_ns()
 
     def step_done(self, start_ns: int, end_ns: int) -> None:
         duration = end_ns - start_ns
@@ -239,8 +250,9 @@ class Worker:
         self._out.put(pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed)))
         try:
             if isinstance(task, ImperativeTask):
-                self.gate.acquire()
+                self.gate.begin_pieces()
                 task.run()
+                self.gate.step_done(self.gate._piece_start_ns, time.monotonic_ns())
             else:
                 while not task.is_done():
                     self.gate.acquire()

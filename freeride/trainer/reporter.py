@@ -117,19 +117,23 @@ class BubbleReporter:
         """For tests and start-up: block until the stream to the agent is live."""
         return self._connected.wait(timeout_s)
 
-    def close(self) -> None:
+    def close(self, flush_timeout_s: float = 2.0) -> None:
+        """Send what is queued, end the stream, stop the background thread."""
         self._closed = True
         self._stopping.set()
         self._wake()
+        self._thread.join(timeout=flush_timeout_s)
         call = self._call
-        if call is not None:
+        if self._thread.is_alive() and call is not None:
             call.cancel()
-        self._thread.join(timeout=5)
+            self._thread.join(timeout=5)
 
     def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
         q = self._queue
-        while not self._closed and generation == self._generation:
+        while generation == self._generation:
             if not q:
+                if self._closed:
+                    return  # queue flushed: half-close the stream
                 self._sleeping = True
                 if not q:  # an append between the check and the flag would otherwise not wake us
                     self._signal.acquire()

@@ -1,0 +1,66 @@
+"""Shared fixtures: a real agent process per test, and helpers to drive a synthetic trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from freeride.bench.trace import Segment
+from freeride.client import AgentClient
+from freeride.harness import AgentProcess, replay
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import tasks_pb2
+
+TASKS = Path(__file__).parent / "tasks" / "behaviours.py"
+
+# Fast restarts and hang detection so that failure paths finish in seconds.
+FAST = ["--restart-backoff-s", "0.05", "--hang-timeout-s", "1", "--checkpoint-interval-s", "0.05"]
+
+
+def task_ref(name: str) -> str:
+    return f"{TASKS}:{name}"
+
+
+def spec(name: str, **args: object) -> tasks_pb2.TaskSpec:
+    return tasks_pb2.TaskSpec(ref=task_ref(name), args={k: str(v) for k, v in args.items()})
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    proc = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST).start()
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"agent exited with {code}:\n{proc.log_tail()}"
+
+
+@pytest.fixture
+def client(agent: AgentProcess) -> Iterator[AgentClient]:
+    with agent.client() as c:
+        yield c
+
+
+def bubbles(iterations: int, bubble_ms: list[float], compute_ms: float = 2.0) -> list[list[Segment]]:
+    """A simple stage trace: per iteration, compute then each bubble (slots 0..n-1)."""
+    it = []
+    for slot, length in enumerate(bubble_ms):
+        it += [Segment(compute_ms / 1e3, False), Segment(length / 1e3, True, slot)]
+    return [list(it) for _ in range(iterations)]
+
+
+def drive(agent: AgentProcess, trace: list[list[Segment]], rank: int = 0) -> list[tuple[int, int, int]]:
+    """Report the trace's bubbles in real time from a synthetic trainer rank."""
+    reporter = BubbleReporter(agent.target, rank=rank)
+    try:
+        assert reporter.wait_connected(10), "reporter did not connect"
+        return replay(reporter, trace)
+    finally:
+        reporter.close()
+
+
+def granted_windows(trace: list[list[Segment]]) -> int:
+    """Windows the agent grants: none in the first two iterations (one skipped, one learned)."""
+    return sum(seg.bubble for it in trace[2:] for seg in it)

@@ -1,0 +1,96 @@
+"""Bubbles reported by a trainer become windows in which real worker processes run steps."""
+
+from __future__ import annotations
+
+from conftest import bubbles, drive, granted_windows, spec
+
+from freeride.harness import WindowCollector, wait_for_task
+from freeride.v1 import tasks_pb2
+
+READY = tasks_pb2.TASK_STATE_READY
+
+
+def submit_ready(client, s):  # type: ignore[no-untyped-def]
+    info = client.submit(s)
+    return wait_for_task(client, info.id, [READY])
+
+
+def test_a_task_runs_steps_only_inside_bubbles_and_its_harvest_is_accounted(agent, client):
+    task = submit_ready(client, spec("Counter", step_ms=1))
+    trace = bubbles(8, [15.0, 25.0])
+    with WindowCollector(client) as windows:
+        drive(agent, trace)
+        assert windows.wait_for(granted_windows(trace), 10)
+    stats = client.stats()
+    t = client.get(task.id)
+    assert stats.gpu.bubbles == 16
+    assert t.counters.steps > 0 and t.counters.windows == granted_windows(trace)
+    assert 0.5 < stats.gpu.harvested_s / stats.gpu.bubble_s <= 1.0
+    for w in windows.windows:
+        share = w.shares[0]
+        assert share.first_step_ns >= w.bubble_start_ns  # never before the bubble started
+        assert share.idle_ns <= w.until_ns + 5_000_000  # stopped by the window's end (plus one step)
+    assert t.progress["count"] >= t.counters.steps
+
+
+def test_no_window_is_granted_before_the_slot_was_learned(agent, client):
+    submit_ready(client, spec("Counter", step_ms=1))
+    trace = bubbles(2, [20.0])
+    drive(agent, trace)
+    stats = client.stats()
+    assert stats.gpu.bubbles == 2 and stats.gpu.windows == 0 and stats.gpu.steps == 0
+
+
+def test_the_tail_of_a_bubble_goes_to_a_task_with_shorter_steps(agent, client):
+    long = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "12"}, priority=10))
+    short = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "1"}, priority=0))
+    trace = bubbles(8, [30.0])
+    with WindowCollector(client) as windows:
+        drive(agent, trace)
+        assert windows.wait_for(granted_windows(trace), 10)
+    shared = [w for w in windows.windows if len(w.shares) == 2]
+    assert shared, "no window was shared between the long-step task and the short-step task"
+    for w in shared:
+        assert [s.task_id for s in w.shares] == [long.id, short.id]  # priority first, tail second
+    assert client.get(long.id).counters.harvested_s > client.get(short.id).counters.harvested_s > 0
+
+
+def test_higher_priority_is_served_first(agent, client):
+    high = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=50))
+    low = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=1))
+    trace = bubbles(8, [20.0])
+    with WindowCollector(client) as windows:
+        drive(agent, trace)
+        assert windows.wait_for(granted_windows(trace), 10)
+    assert all(w.shares[0].task_id == high.id for w in windows.windows)
+    assert client.get(high.id).counters.harvested_s > 5 * client.get(low.id).counters.harvested_s
+
+
+def test_tasks_of_equal_priority_share_harvested_time_fairly(agent, client):
+    a = submit_ready(client, spec("Counter", step_ms=2))
+    b = submit_ready(client, spec("Counter", step_ms=2))
+    trace = bubbles(12, [10.0, 10.0])
+    with WindowCollector(client) as windows:
+        drive(agent, trace)
+        assert windows.wait_for(granted_windows(trace), 10)
+    ha, hb = client.get(a.id).counters.harvested_s, client.get(b.id).counters.harvested_s
+    assert ha > 0 and hb > 0
+    assert max(ha, hb) / min(ha, hb) < 1.5
+
+
+def test_an_imperative_task_runs_its_pieces_in_windows_until_done(agent, client):
+    task = submit_ready(client, spec("Pieces", pieces=30, piece_ms=2))
+    drive(agent, bubbles(10, [20.0, 20.0]))
+    done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE], timeout_s=10)
+    assert done.kind == "imperative"
+    assert done.progress["pieces"] == 30
+    assert done.counters.steps >= 29
+
+
+def test_a_finite_task_finishes_as_done_with_its_progress(agent, client):
+    task = submit_ready(client, spec("Counter", step_ms=1, steps=40))
+    drive(agent, bubbles(10, [20.0]))
+    done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE], timeout_s=10)
+    assert done.progress["count"] == 40
+    assert done.counters.steps == 40
+    assert done.pid == 0

@@ -1,0 +1,193 @@
+"""Specification of the persistent task registry and harvest ledger (a real SQLite file)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.registry import SCHEMA_VERSION, Registry, RegistryError
+from freeride.errors import FreerideError
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def registry(db_path: Path):  # type: ignore[no-untyped-def]
+    reg = Registry(db_path)
+    yield reg
+    reg.close()
+
+
+def new_record(name: str = "t", **spec_kwargs: object) -> TaskRecord:
+    return TaskRecord(
+        id="",
+        spec=TaskSpec(name=name, ref=f"pkg.mod:{name}", **spec_kwargs),  # type: ignore[arg-type]
+        state=TaskState.SUBMITTED,
+        kind="iterative",
+        created_unix_s=1_700_000_000.5,
+        updated_unix_s=1_700_000_000.5,
+    )
+
+
+def full_record(task_id: str) -> TaskRecord:
+    """A record with every persisted field set away from its default."""
+    return TaskRecord(
+        id=task_id,
+        spec=TaskSpec(
+            name="kmeans",
+            ref="sidetasks.kmeans:KMeans",
+            args={"k": "8", "seed": "3"},
+            priority=7,
+            mem_limit_bytes=256 * 2**20,
+            max_restarts=2,
+            checkpoint_interval_s=30.0,
+        ),
+        state=TaskState.RUNNING,
+        kind="imperative",
+        reason="restarted after a crash",
+        restarts=2,
+        created_unix_s=1_700_000_000.25,
+        updated_unix_s=1_700_000_100.75,
+        counters=Counters(
+            steps=11, harvested_ns=12, overrun_ns=13, overrun_steps=14, windows=15,
+            killed_steps=16, bubbles=17, bubble_ns=18, events=19,
+        ),
+        progress={"loss": 0.125, "items": 4096.0},
+        checkpoint_steps=900,
+        step_estimate_ns=1_500_000,
+        peak_memory_bytes=123_456_789,
+    )
+
+
+def test_insert_returns_increasing_string_ids(registry: Registry) -> None:
+    ids = [registry.insert(new_record(f"t{i}")) for i in range(3)]
+    assert all(isinstance(i, str) for i in ids)
+    assert [int(i) for i in ids] == sorted(int(i) for i in ids)
+    assert len(set(ids)) == 3
+
+
+def test_inserted_record_loads_with_its_spec_and_state(registry: Registry) -> None:
+    rec = new_record("a", args={"x": "1"}, priority=3)
+    rec.id = registry.insert(rec)
+    (loaded,) = registry.load()
+    assert loaded == rec
+
+
+def test_save_then_load_round_trips_every_persisted_field(registry: Registry) -> None:
+    rec = full_record("")
+    rec.id = registry.insert(rec)
+    registry.save([rec])
+    (loaded,) = registry.load()
+    assert loaded == rec  # every field, compared as a whole
+    assert loaded.spec.args == {"k": "8", "seed": "3"}
+    assert loaded.state is TaskState.RUNNING
+    assert loaded.counters == rec.counters
+    assert loaded.progress == {"loss": 0.125, "items": 4096.0}
+    assert loaded.checkpoint_steps == 900
+    assert loaded.step_estimate_ns == 1_500_000
+    assert loaded.peak_memory_bytes == 123_456_789
+    assert loaded.reason == "restarted after a crash"
+    assert loaded.restarts == 2
+
+
+def test_save_persists_later_changes_to_a_record(registry: Registry) -> None:
+    rec = new_record("a")
+    rec.id = registry.insert(rec)
+    rec.state = TaskState.PAUSED
+    rec.reason = "paused by user"
+    rec.counters.steps = 5
+    rec.progress = {"loss": 1.5}
+    rec.updated_unix_s = 1_700_000_500.0
+    registry.save([rec])
+    (loaded,) = registry.load()
+    assert loaded == rec
+
+
+def test_save_updates_only_the_given_records(registry: Registry) -> None:
+    first = new_record("a")
+    first.id = registry.insert(first)
+    second = new_record("b")
+    second.id = registry.insert(second)
+    second.state = TaskState.DONE
+    second.reason = "finished"
+    registry.save([second])
+    by_id = {r.id: r for r in registry.load()}
+    assert by_id[first.id].state is TaskState.SUBMITTED
+    assert by_id[second.id].state is TaskState.DONE
+    assert by_id[second.id].reason == "finished"
+
+
+def test_load_returns_records_in_insertion_order(registry: Registry) -> None:
+    ids = [registry.insert(new_record(f"t{i}")) for i in range(4)]
+    assert [r.id for r in registry.load()] == ids
+    assert [r.spec.name for r in registry.load()] == ["t0", "t1", "t2", "t3"]
+
+
+def test_empty_registry_loads_no_records_and_zero_ledgers(registry: Registry) -> None:
+    assert registry.load() == []
+    assert registry.load_ledger(0) == Counters()
+
+
+def test_ledger_round_trips_per_gpu(registry: Registry) -> None:
+    registry.save([], gpu=0, gpu_counters=Counters(steps=1, harvested_ns=100))
+    registry.save([], gpu=1, gpu_counters=Counters(steps=2, harvested_ns=200, bubbles=5))
+    assert registry.load_ledger(0) == Counters(steps=1, harvested_ns=100)
+    assert registry.load_ledger(1) == Counters(steps=2, harvested_ns=200, bubbles=5)
+    assert registry.load_ledger(2) == Counters()
+
+
+def test_saving_a_ledger_again_replaces_it(registry: Registry) -> None:
+    registry.save([], gpu=0, gpu_counters=Counters(steps=1))
+    registry.save([], gpu=0, gpu_counters=Counters(steps=9, windows=3))
+    assert registry.load_ledger(0) == Counters(steps=9, windows=3)
+
+
+def test_records_and_ledger_are_saved_together(registry: Registry) -> None:
+    rec = new_record("a")
+    rec.id = registry.insert(rec)
+    rec.counters = Counters(steps=4)
+    registry.save([rec], gpu=3, gpu_counters=Counters(steps=4))
+    assert registry.load()[0].counters == Counters(steps=4)
+    assert registry.load_ledger(3) == Counters(steps=4)
+
+
+def test_reopening_the_file_keeps_tasks_and_ledger(db_path: Path) -> None:
+    reg = Registry(db_path)
+    rec = full_record("")
+    task_id = rec.id = reg.insert(rec)
+    reg.save([rec], gpu=0, gpu_counters=Counters(harvested_ns=42))
+    reg.close()
+
+    reopened = Registry(db_path)
+    try:
+        assert reopened.load() == [rec]
+        assert reopened.load_ledger(0) == Counters(harvested_ns=42)
+        assert int(reopened.insert(new_record("next"))) > int(task_id)
+    finally:
+        reopened.close()
+
+
+def test_corrupt_file_raises_registry_error_that_says_to_move_it_aside(db_path: Path) -> None:
+    db_path.write_bytes(b"this is not an SQLite database\x00\xff" * 200)
+    with pytest.raises(RegistryError) as info:
+        Registry(db_path)
+    assert "move it aside" in str(info.value)
+    assert str(db_path) in str(info.value)
+    assert isinstance(info.value, FreerideError)
+
+
+def test_schema_version_mismatch_raises_registry_error(db_path: Path) -> None:
+    Registry(db_path).close()
+    with sqlite3.connect(db_path) as db:
+        db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION + 1),))
+    db.close()
+    with pytest.raises(RegistryError) as info:
+        Registry(db_path)
+    assert f"schema {SCHEMA_VERSION + 1}" in str(info.value)
+    assert str(SCHEMA_VERSION) in str(info.value)

@@ -1,0 +1,566 @@
+"""Specification of the scheduler: bubble edges in, windows granted and revoked, harvest accounted.
+
+Driven with a fake clock, fake timers fired by hand and fake window ports that record calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from freeride.agent.model import Counters
+from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
+
+MS = 1_000_000
+US = 1_000
+MARGIN = 200 * US
+HANG = 1_000 * MS
+PERIOD = 100 * MS  # one training iteration
+LENGTH = 10 * MS  # the bubble length of slot 0 in the fake trainer
+
+
+# -- fakes -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeTimer:
+    at: int
+    fn: Callable[[], None]
+    cancelled: bool = False
+    fired: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    @property
+    def pending(self) -> bool:
+        return not self.cancelled and not self.fired
+
+
+@dataclass
+class FakePort:
+    calls: list[tuple[object, ...]] = field(default_factory=list)
+
+    def grant(self, window_id: int, until_ns: int) -> None:
+        self.calls.append(("grant", window_id, until_ns))
+
+    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None:
+        self.calls.append(("revoke", window_id, end_ns, until_ns))
+
+    def grants(self) -> list[tuple[object, ...]]:
+        return [c for c in self.calls if c[0] == "grant"]
+
+    def revokes(self) -> list[tuple[object, ...]]:
+        return [c for c in self.calls if c[0] == "revoke"]
+
+
+@dataclass
+class Account:
+    record: tasks_pb2.WindowRecord
+    per_task: dict[str, Counters]
+    total: Counters
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.now = 0
+        self.timers: list[FakeTimer] = []
+        self.accounts: list[Account] = []
+        self.hangs: list[tuple[str, int]] = []
+        cfg = SchedulerConfig(
+            margin_ns=MARGIN, min_window_ns=200 * US, hang_timeout_ns=HANG, hang_factor=20.0
+        )
+        self.sched = Scheduler(
+            clock=lambda: self.now,
+            call_at=self._call_at,
+            config=cfg,
+            on_account=lambda rec, per, total: self.accounts.append(Account(rec, per, total)),
+            on_hang=lambda task_id, wid: self.hangs.append((task_id, wid)),
+        )
+
+    def _call_at(self, at: int, fn: Callable[[], None]) -> FakeTimer:
+        t = FakeTimer(at, fn)
+        self.timers.append(t)
+        return t
+
+    def pending_timers(self) -> list[FakeTimer]:
+        return [t for t in self.timers if t.pending]
+
+    def fire(self, timer: FakeTimer) -> None:
+        assert timer.pending
+        self.now = max(self.now, timer.at)
+        timer.fired = True
+        timer.fn()
+
+    def fire_next(self) -> None:
+        self.fire(min(self.pending_timers(), key=lambda t: t.at))
+
+    # -- tasks
+    def add(self, task_id: str, priority: int = 0, step_estimate_ns: int | None = None) -> FakePort:
+        port = FakePort()
+        self.sched.add_task(TaskSlot(task_id, priority, port, Counters(), step_estimate_ns))
+        return port
+
+    def steps(self, task_id: str, window_id: int, *steps: tuple[int, int]) -> None:
+        report = worker_pb2.StepReport(
+            window_id=window_id, steps=[worker_pb2.Step(start_ns=s, duration_ns=d) for s, d in steps]
+        )
+        self.sched.on_steps(task_id, report)
+
+    def done(
+        self,
+        task_id: str,
+        window_id: int,
+        reason: worker_pb2.WindowEndReason = worker_pb2.WINDOW_END_REASON_REVOKED,
+        idle_ns: int = 0,
+        step_estimate_ns: int = 0,
+    ) -> None:
+        self.sched.on_window_done(
+            task_id,
+            worker_pb2.WindowDone(
+                window_id=window_id, reason=reason, idle_ns=idle_ns, step_estimate_ns=step_estimate_ns
+            ),
+        )
+
+    # -- trainer
+    def start(self, t: int, slot: int = 0, rank: int = 0, iteration: int = 0, hint: int = 0) -> None:
+        self.now = t
+        self.sched.on_bubble(trainer_pb2.BubbleEvent(
+            edge=trainer_pb2.BUBBLE_EDGE_START, slot=slot, rank=rank, time_ns=t, iteration=iteration,
+            expected_duration_ns=hint,
+        ))
+
+    def end(self, t: int, slot: int = 0, rank: int = 0, iteration: int = 0) -> None:
+        self.now = t
+        self.sched.on_bubble(trainer_pb2.BubbleEvent(
+            edge=trainer_pb2.BUBBLE_EDGE_END, slot=slot, rank=rank, time_ns=t, iteration=iteration,
+        ))
+
+    def learn(self, iterations: int = 2, length: int = LENGTH, rank: int = 0, slot: int = 0) -> int:
+        """Run `iterations` full bubbles of one slot; return the start time of the next iteration."""
+        for i in range(iterations):
+            self.start(i * PERIOD, slot=slot, rank=rank, iteration=i)
+            self.end(i * PERIOD + length, slot=slot, rank=rank, iteration=i)
+        return iterations * PERIOD
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def granted_window(port: FakePort) -> int:
+    (grant,) = port.grants()
+    return int(grant[1])  # type: ignore[call-overload]
+
+
+# -- learning and granting -------------------------------------------------------------------------
+
+
+def test_no_grant_in_the_first_two_iterations_of_a_slot(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, iteration=0)
+    assert port.calls == []  # nothing known
+    h.end(LENGTH, iteration=0)  # the first observation is skipped (warm-up)
+    h.start(PERIOD, iteration=1)
+    assert port.calls == []  # still nothing learned
+    h.end(PERIOD + LENGTH, iteration=1)
+    assert port.calls == []
+
+
+def test_third_iteration_is_granted_until_start_plus_learned_minimum_minus_margin(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, iteration=0)
+    h.end(50 * MS, iteration=0)  # warm-up: long, skipped
+    h.start(PERIOD, iteration=1)
+    h.end(PERIOD + LENGTH, iteration=1)
+    t = 2 * PERIOD
+    h.start(t, iteration=2)
+    assert port.grants() == [("grant", 1, t + LENGTH - MARGIN)]
+
+
+def test_hint_allows_a_grant_without_history(h: Harness) -> None:
+    port = h.add("a")
+    h.start(5 * MS, hint=8 * MS)
+    assert port.grants() == [("grant", 1, 5 * MS + 8 * MS - MARGIN)]
+
+
+def test_learned_length_takes_precedence_over_the_hint(h: Harness) -> None:
+    port = h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2, hint=50 * MS)
+    assert port.grants() == [("grant", 1, t + LENGTH - MARGIN)]
+
+
+def test_no_grant_when_the_window_would_be_shorter_than_the_minimum(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, hint=MARGIN + 100 * US)  # 100 us left after the margin: below min_window_ns
+    assert port.calls == []
+
+
+def test_no_grant_when_the_start_edge_arrives_too_late(h: Harness) -> None:
+    port = h.add("a")
+    h.now = 10 * MS  # the event was delivered 9.9 ms after the edge; the window is as good as gone
+    h.sched.on_bubble(trainer_pb2.BubbleEvent(
+        edge=trainer_pb2.BUBBLE_EDGE_START, slot=0, rank=0, time_ns=100 * US, expected_duration_ns=LENGTH,
+    ))
+    assert port.calls == []
+
+
+def test_no_grant_without_any_task(h: Harness) -> None:
+    t = h.learn()
+    h.start(t, iteration=2)  # nothing to grant to; nothing breaks
+    late = h.add("late")  # a task arriving while the window is open gets it
+    assert late.grants() == [("grant", 1, t + LENGTH - MARGIN)]
+
+
+def test_higher_priority_task_is_granted_first(h: Harness) -> None:
+    low = h.add("low", priority=1)
+    high = h.add("high", priority=9)
+    h.start(0, hint=LENGTH)
+    assert high.grants() and not low.grants()
+
+
+def test_least_harvested_task_is_granted_among_equal_priorities(h: Harness) -> None:
+    rich, poor = FakePort(), FakePort()
+    h.sched.add_task(TaskSlot("rich", 0, rich, Counters(harvested_ns=50 * MS)))
+    h.sched.add_task(TaskSlot("poor", 0, poor, Counters(harvested_ns=5 * MS)))
+    h.start(0, hint=LENGTH)
+    assert poor.grants() and not rich.grants()
+
+
+def test_task_whose_step_does_not_fit_is_not_granted(h: Harness) -> None:
+    big = h.add("big", priority=9, step_estimate_ns=20 * MS)
+    small = h.add("small", step_estimate_ns=1 * MS)
+    h.start(0, hint=LENGTH)
+    assert small.grants() and not big.grants()
+
+
+def test_only_one_window_is_open_at_a_time(h: Harness) -> None:
+    a = h.add("a")
+    b = h.add("b")
+    h.start(0, rank=0, hint=LENGTH)
+    h.start(1 * MS, rank=1, hint=LENGTH)  # another rank's bubble overlaps: no second window
+    assert len(a.grants()) + len(b.grants()) == 1
+    h.end(LENGTH, rank=0)
+    h.start(20 * MS, rank=1, slot=1, hint=LENGTH)  # the first window is closed: a new one may open
+    assert len(a.grants()) + len(b.grants()) == 2
+
+
+# -- closing ---------------------------------------------------------------------------------------
+
+
+def test_end_edge_closes_the_window_and_revokes_the_holder(h: Harness) -> None:
+    port = h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    until = t + LENGTH - MARGIN
+    until_timer = h.pending_timers()[0]
+    h.end(t + LENGTH, iteration=2)
+    assert port.revokes() == [("revoke", 1, t + LENGTH, until)]
+    assert until_timer.cancelled
+
+
+def test_until_timer_closes_the_window_if_the_end_edge_has_not_come(h: Harness) -> None:
+    port = h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    until = t + LENGTH - MARGIN
+    (timer,) = h.pending_timers()
+    assert timer.at == until
+    h.fire(timer)
+    assert port.revokes() == [("revoke", 1, 0, until)]
+
+
+def test_window_closed_by_its_timer_frees_the_gpu_for_another_window(h: Harness) -> None:
+    a = h.add("a")
+    b = h.add("b")
+    h.start(0, rank=0, hint=LENGTH)
+    h.fire_next()  # rank 0's window reaches its until
+    h.start(LENGTH, rank=1, hint=LENGTH)  # rank 0's END has not come, but its window is closed
+    assert len(a.grants()) + len(b.grants()) == 2
+
+
+def test_trainer_gone_closes_the_open_window(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, hint=LENGTH)
+    h.sched.trainer_gone(0)
+    assert port.revokes() == [("revoke", 1, 0, LENGTH - MARGIN)]
+    h.done("a", 1)
+    (acct,) = h.accounts  # no END will come: accounted up to the predicted end
+    assert acct.record.bubble_end_ns == LENGTH
+
+
+def test_trainer_gone_of_another_rank_leaves_the_window_open(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, rank=0, hint=LENGTH)
+    h.sched.trainer_gone(1)
+    assert port.revokes() == []
+
+
+def test_a_new_start_on_the_same_rank_closes_a_window_whose_end_was_lost(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, slot=0, hint=LENGTH)
+    h.start(30 * MS, slot=1)  # slot 0's END never arrived
+    assert port.revokes() == [("revoke", 1, 0, LENGTH - MARGIN)]
+
+
+# -- accounting ------------------------------------------------------------------------------------
+
+
+def test_accounting_waits_for_window_done_then_splits_harvest_at_the_end_edge(h: Harness) -> None:
+    h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    h.steps("a", 1, (t + 100 * US, 3 * MS), (t + 3100 * US, 3 * MS))
+    h.steps("a", 1, (t + 6100 * US, 3 * MS))  # stops at t + 9.1 ms
+    end = t + 8 * MS  # the bubble ended early
+    h.end(end, iteration=2)
+    assert h.accounts == []  # the holder has not reported WindowDone yet
+    h.done("a", 1, idle_ns=50 * US)
+
+    (acct,) = h.accounts
+    c = acct.per_task["a"]
+    assert c.steps == 3
+    assert c.overrun_steps == 1
+    assert c.overrun_ns == (t + 9100 * US) - end  # 1.1 ms of the last step ran after END
+    assert c.harvested_ns == 9 * MS - 1100 * US  # step time before END
+    assert c.windows == 1
+
+
+def test_account_record_describes_the_window_and_each_share(h: Harness) -> None:
+    h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    h.steps("a", 1, (t + 100 * US, 2 * MS), (t + 2100 * US, 2 * MS))
+    h.end(t + LENGTH, iteration=2)
+    h.done("a", 1, idle_ns=70 * US)
+
+    (acct,) = h.accounts
+    rec = acct.record
+    assert isinstance(rec, tasks_pb2.WindowRecord)
+    assert (rec.window_id, rec.rank, rec.slot, rec.iteration) == (1, 0, 0, 2)
+    assert (rec.bubble_start_ns, rec.bubble_end_ns) == (t, t + LENGTH)
+    assert rec.until_ns == t + LENGTH - MARGIN
+    assert rec.predicted_ns == LENGTH
+    (share,) = rec.shares
+    assert share.task_id == "a"
+    assert share.first_step_ns == t + 100 * US
+    assert share.idle_ns == 70 * US
+    assert share.steps == 2
+    assert share.busy_ns == 4 * MS
+    assert share.overrun_ns == 0
+    assert acct.per_task["a"] == Counters(steps=2, harvested_ns=4 * MS, windows=1)
+    assert acct.total == Counters(steps=2, harvested_ns=4 * MS, windows=1)
+
+
+def test_window_closed_by_its_timer_is_accounted_only_once_the_end_edge_is_known(h: Harness) -> None:
+    h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    h.fire_next()  # until reached
+    h.steps("a", 1, (t + 100 * US, 9 * MS))  # stops at t + 9.1 ms
+    h.done("a", 1, reason=worker_pb2.WINDOW_END_REASON_EXPIRED)
+    assert h.accounts == []  # the END edge decides what was harvest and what was overrun
+    h.end(t + 9 * MS, iteration=2)
+    (acct,) = h.accounts
+    assert acct.record.bubble_end_ns == t + 9 * MS
+    assert acct.per_task["a"].harvested_ns == 8900 * US
+    assert acct.per_task["a"].overrun_ns == 100 * US
+    assert acct.per_task["a"].overrun_steps == 1
+
+
+def test_step_starting_after_the_end_edge_is_all_overrun(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.steps("a", 1, (1 * MS, 2 * MS), (6 * MS, 2 * MS))
+    h.end(5 * MS)
+    h.done("a", 1)
+    c = h.accounts[0].per_task["a"]
+    assert (c.harvested_ns, c.overrun_ns, c.overrun_steps, c.steps) == (2 * MS, 2 * MS, 1, 2)
+
+
+def test_window_is_accounted_exactly_once(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.end(LENGTH)
+    h.done("a", 1)
+    h.done("a", 1)  # a duplicate is ignored
+    h.end(LENGTH + 1)  # so is an END without a START
+    assert len(h.accounts) == 1
+
+
+def test_scheduler_ledger_adds_up_windows_and_bubbles(h: Harness) -> None:
+    h.add("a")
+    t = h.learn()  # two bubbles of LENGTH, no windows
+    h.start(t, iteration=2)
+    h.steps("a", 1, (t, 1 * MS))
+    h.end(t + LENGTH, iteration=2)
+    h.done("a", 1)
+    assert h.sched.gpu.bubbles == 3
+    assert h.sched.gpu.bubble_ns == 3 * LENGTH
+    assert h.sched.gpu.events == 6
+    assert h.sched.gpu.windows == 1
+    assert h.sched.gpu.steps == 1
+    assert h.sched.gpu.harvested_ns == 1 * MS
+
+
+def test_overrun_widens_the_margin_of_later_windows(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, hint=LENGTH)
+    h.steps("a", 1, (1 * MS, 10 * MS))  # stops at 11 ms
+    h.end(LENGTH)  # 1 ms overrun
+    h.done("a", 1)
+    assert h.sched.margin.margin_ns() == MARGIN + 1 * MS
+    h.start(PERIOD, slot=1, hint=LENGTH)
+    assert port.grants()[-1] == ("grant", 2, PERIOD + LENGTH - MARGIN - 1 * MS)
+
+
+def test_window_done_updates_the_task_step_estimate(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.end(LENGTH)
+    h.done("a", 1, step_estimate_ns=3 * MS)
+    assert h.sched.tasks["a"].step_estimate_ns == 3 * MS
+
+
+def test_reports_for_unknown_windows_are_ignored(h: Harness) -> None:
+    port = h.add("a")
+    h.start(0, hint=LENGTH)
+    h.steps("a", 99, (1 * MS, 1 * MS))
+    h.done("a", 99)
+    assert h.sched.tasks["a"].window_id == 1  # still holds its real window
+    h.end(LENGTH)
+    h.done("a", 1)
+    assert h.accounts[0].per_task["a"].steps == 0
+    assert port.revokes() == [("revoke", 1, LENGTH, LENGTH - MARGIN)]
+
+
+# -- tail filling ----------------------------------------------------------------------------------
+
+
+def test_no_fit_hands_the_rest_of_the_window_to_a_task_whose_step_fits(h: Harness) -> None:
+    big = h.add("big", priority=9, step_estimate_ns=4 * MS)
+    small = h.add("small", step_estimate_ns=1 * MS)
+    huge = h.add("huge", step_estimate_ns=5 * MS)
+    t = h.learn()
+    h.start(t, iteration=2)
+    until = t + LENGTH - MARGIN
+    assert big.grants() == [("grant", 1, until)]
+
+    h.steps("big", 1, (t, 4 * MS), (t + 4 * MS, 4 * MS))
+    h.now = t + 8 * MS  # 1.8 ms left: another 4 ms step does not fit
+    h.done("big", 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT, step_estimate_ns=4 * MS)
+    assert small.grants() == [("grant", 1, until)]  # the same window, the same deadline
+    assert huge.grants() == []
+    assert big.grants() == [("grant", 1, until)]  # not granted again
+
+    h.steps("small", 1, (t + 8 * MS, 1 * MS))
+    h.end(t + LENGTH, iteration=2)
+    assert small.revokes() == [("revoke", 1, t + LENGTH, until)]
+    assert big.revokes() == []
+    h.done("small", 1)
+    (acct,) = h.accounts
+    assert [s.task_id for s in acct.record.shares] == ["big", "small"]
+    assert acct.per_task["big"].harvested_ns == 8 * MS
+    assert acct.per_task["small"].harvested_ns == 1 * MS
+    assert acct.total.harvested_ns == 9 * MS
+    assert acct.total.windows == 1
+
+
+def test_no_fit_with_no_other_task_leaves_the_window_unused_until_its_end(h: Harness) -> None:
+    port = h.add("a", step_estimate_ns=4 * MS)
+    h.start(0, hint=LENGTH)
+    h.now = 7 * MS
+    h.done("a", 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)
+    assert port.grants() == [("grant", 1, LENGTH - MARGIN)]
+    h.end(LENGTH)
+    assert port.revokes() == []  # nobody holds the window any more
+    assert len(h.accounts) == 1
+
+
+# -- task removal ----------------------------------------------------------------------------------
+
+
+def test_removing_the_holder_of_an_open_window_grants_it_to_another_task(h: Harness) -> None:
+    first = h.add("first", priority=5)
+    second = h.add("second")
+    h.start(0, hint=LENGTH)
+    assert first.grants() and not second.grants()
+    h.now = 2 * MS
+    h.sched.remove_task("first")
+    assert second.grants() == [("grant", 1, LENGTH - MARGIN)]
+    assert "first" not in h.sched.tasks
+
+
+def test_removing_the_holder_of_a_closed_window_lets_it_be_accounted(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.steps("a", 1, (1 * MS, 2 * MS))
+    h.end(LENGTH)
+    assert h.accounts == []
+    h.sched.remove_task("a")  # the worker died without WindowDone
+    (acct,) = h.accounts
+    assert acct.per_task["a"].steps == 1
+
+
+def test_removing_an_unknown_task_is_harmless(h: Harness) -> None:
+    h.sched.remove_task("nobody")
+    assert h.sched.tasks == {}
+
+
+# -- hang detection --------------------------------------------------------------------------------
+
+
+def test_holder_that_does_not_report_window_done_in_time_is_reported_hung(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.end(LENGTH)
+    (hang_timer,) = h.pending_timers()
+    assert hang_timer.at == LENGTH + HANG
+    h.fire(hang_timer)
+    assert h.hangs == [("a", 1)]
+    assert h.sched.tasks["a"].counters.killed_steps == 1
+
+
+def test_window_done_in_time_cancels_the_hang_timer(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.end(LENGTH)
+    h.done("a", 1)
+    assert h.pending_timers() == []
+    assert h.hangs == []
+    assert h.sched.tasks["a"].counters.killed_steps == 0
+
+
+def test_hang_timeout_grows_with_the_step_estimate(h: Harness) -> None:
+    h.add("slow", step_estimate_ns=100 * MS)  # 20 x 100 ms = 2 s, longer than the 1 s timeout
+    h.start(0, hint=200 * MS)
+    h.end(200 * MS)
+    (hang_timer,) = h.pending_timers()
+    assert hang_timer.at == 200 * MS + 2_000 * MS
+
+
+def test_removed_task_is_not_reported_hung(h: Harness) -> None:
+    h.add("a")
+    h.start(0, hint=LENGTH)
+    h.end(LENGTH)
+    (hang_timer,) = h.pending_timers()
+    h.sched.remove_task("a")
+    assert hang_timer.cancelled
+    assert h.hangs == []
+
+
+@pytest.mark.xfail(
+    reason="scheduler.py:168 returns on a non-positive bubble length before closing the window, "
+    "so the holder is not revoked at END and keeps running until the until timer",
+    strict=True,
+)
+def test_end_edge_at_the_start_instant_still_revokes_the_holder(h: Harness) -> None:
+    port = h.add("a")
+    h.start(5 * MS, hint=LENGTH)
+    h.end(5 * MS)  # a zero-length bubble (coarse clock): the GPU is needed again at once
+    assert port.revokes() == [("revoke", 1, 5 * MS, 5 * MS + LENGTH - MARGIN)]
