@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,29 @@ def drive(agent: AgentProcess, trace: list[list[Segment]], rank: int = 0) -> lis
 def granted_windows(trace: list[list[Segment]]) -> int:
     """Windows the agent grants: none in the first two iterations (one skipped, one learned)."""
     return sum(seg.bubble for it in trace[2:] for seg in it)
+
+
+class BackgroundTrainer:
+    """A synthetic trainer rank reporting the same iteration over and over until stopped."""
+
+    def __init__(self, agent: AgentProcess, bubble_ms: list[float], compute_ms: float = 2.0, rank: int = 0) -> None:
+        self._iteration = bubbles(1, bubble_ms, compute_ms)
+        self._reporter = BubbleReporter(agent.target, rank=rank)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.iterations = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            replay(self._reporter, self._iteration)
+            self.iterations += 1
+
+    def __enter__(self) -> BackgroundTrainer:
+        assert self._reporter.wait_connected(10), "reporter did not connect"
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._reporter.close()

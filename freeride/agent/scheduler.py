@@ -20,6 +20,7 @@ from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
 
+_MIN_ERROR_BUBBLE_NS = 1_000_000  # relative errors of sub-millisecond bubbles say nothing useful
 _MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory without bound
 
 
@@ -165,13 +166,12 @@ class Scheduler:
             return  # an END whose START we never saw (reconnect): nothing to learn from
         del self._bubbles[ev.rank]
         length = ev.time_ns - bubble.start_ns
-        if length <= 0:
-            return
-        self.gpu.bubbles += 1
-        self.gpu.bubble_ns += length
-        if bubble.predicted_ns is not None:
-            self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
-        self._predictor(ev.rank, ev.slot).observe(length)
+        if length > 0:
+            self.gpu.bubbles += 1
+            self.gpu.bubble_ns += length
+            if bubble.predicted_ns is not None and length >= _MIN_ERROR_BUBBLE_NS:
+                self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
+            self._predictor(ev.rank, ev.slot).observe(length)
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from freeride.errors import InvalidSpecError
 
@@ -20,7 +21,7 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS:
         raise InvalidSpecError(f"bad memory size {text!r}: use a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    return int(float(m.group(1)) * _UNITS[unit])
+    return int(Decimal(m.group(1)) * _UNITS[unit])
 
 
 def format_size(n: int) -> str:

@@ -40,6 +40,8 @@ def load_class(ref: str) -> type[IterativeTask] | type[ImperativeTask]:
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
+            if exc.name is not None and module_part != exc.name and not module_part.startswith(exc.name + "."):
+                raise TaskRefError(f"importing {module_part!r} failed: it needs {exc.name!r}, which is not installed") from exc
             raise TaskRefError(f"no module named {module_part!r} (is it installed or on PYTHONPATH?)") from exc
         except Exception as exc:
             raise TaskRefError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc

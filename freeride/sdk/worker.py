@@ -261,6 +261,8 @@ class Worker:
                     self.gate.step_done(start, time.monotonic_ns())
         except TaskStop:
             return self._stop()
+        except SystemExit as exc:
+            return self._fail(f"{'run' if kind == 'imperative' else 'step'}() called sys.exit({exc.code})")
         except Exception as exc:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() raised {type(exc).__name__}: {exc}")
         self.gate.close(pb.WINDOW_END_REASON_DONE)

@@ -149,11 +149,6 @@ def test_module_that_raises_on_import_is_reported_with_the_error(
     assert "ZeroDivisionError" in message
 
 
-@pytest.mark.xfail(
-    reason="_loader.py:41 reports any ModuleNotFoundError as the task module itself missing, "
-    "even when the module exists and one of its own imports is missing",
-    strict=True,
-)
 def test_missing_dependency_of_a_task_module_names_the_dependency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

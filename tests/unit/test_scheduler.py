@@ -554,11 +554,6 @@ def test_removed_task_is_not_reported_hung(h: Harness) -> None:
     assert h.hangs == []
 
 
-@pytest.mark.xfail(
-    reason="scheduler.py:168 returns on a non-positive bubble length before closing the window, "
-    "so the holder is not revoked at END and keeps running until the until timer",
-    strict=True,
-)
 def test_end_edge_at_the_start_instant_still_revokes_the_holder(h: Harness) -> None:
     port = h.add("a")
     h.start(5 * MS, hint=LENGTH)

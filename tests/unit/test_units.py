@@ -41,10 +41,6 @@ def test_parse_size_rejects_malformed_sizes_naming_the_accepted_units(text: str)
         assert unit in message
 
 
-@pytest.mark.xfail(
-    reason="units.py:23 truncates a float product: int(4.1 * 10**9) == 4099999999",
-    strict=True,
-)
 def test_fractional_sizes_are_exact_when_the_result_is_whole() -> None:
     assert parse_size("4.1GB") == 4_100_000_000
     assert parse_size("2.01KB") == 2010

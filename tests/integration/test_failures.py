@@ -1,0 +1,87 @@
+"""A failing side task never takes the agent down: it is restarted from its checkpoint or failed with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+from conftest import BackgroundTrainer, bubbles, drive, spec
+
+from freeride.harness import wait_for_task
+from freeride.v1 import tasks_pb2
+
+READY, FAILED = tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_FAILED
+
+
+def test_a_crashed_worker_restarts_from_its_checkpoint(agent, client, tmp_path: Path):
+    task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=1))
+    wait_for_task(client, task.id, [READY])
+    drive(agent, bubbles(12, [20.0, 20.0]))
+    info = client.get(task.id)
+    assert (tmp_path / "crashed").exists()
+    assert info.restarts == 1
+    assert info.state == READY
+    assert "injected crash" in info.reason
+    # It resumed from a checkpoint taken before the crash, not from zero: the count kept growing past it.
+    assert info.progress["count"] > 30
+    assert info.checkpoint_steps > 0
+
+
+def test_a_task_that_keeps_failing_is_failed_with_the_exception_as_reason(agent, client):
+    task = client.submit(tasks_pb2.TaskSpec(ref=spec("AlwaysFails").ref, max_restarts=2))
+    wait_for_task(client, task.id, [READY])
+    with BackgroundTrainer(agent, [10.0]):
+        info = wait_for_task(client, task.id, [FAILED], timeout_s=20)
+    assert info.restarts == 3
+    assert "step() raised RuntimeError: boom" in info.reason
+    assert "gave up after 2 restarts" in info.reason
+    assert client.health() == 1  # SERVING: the agent is untouched
+
+
+def test_sys_exit_and_abort_in_a_step_are_crashes_with_the_cause_recorded(agent, client):
+    exits = client.submit(tasks_pb2.TaskSpec(ref=spec("Exits").ref, max_restarts=0))
+    aborts = client.submit(tasks_pb2.TaskSpec(ref=spec("Aborts").ref, max_restarts=0))
+    wait_for_task(client, exits.id, [READY])
+    wait_for_task(client, aborts.id, [READY])
+    with BackgroundTrainer(agent, [10.0, 10.0]):
+        e = wait_for_task(client, exits.id, [FAILED], timeout_s=10)
+        a = wait_for_task(client, aborts.id, [FAILED], timeout_s=10)
+    assert "step() called sys.exit(3)" in e.reason
+    assert "SIGABRT" in a.reason
+
+
+def test_a_step_that_hangs_past_its_window_is_killed_counted_and_restarted(agent, client, tmp_path: Path):
+    task = client.submit(spec("Hangs", marker=tmp_path / "hung", at=5))
+    wait_for_task(client, task.id, [READY])
+    first_pid = client.get(task.id).pid
+    with BackgroundTrainer(agent, [20.0]):
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_STARTING], timeout_s=15)  # killed, restarting
+        info = wait_for_task(client, task.id, [READY], timeout_s=15)
+    assert info.restarts == 1
+    assert info.counters.killed_steps == 1
+    assert "hung" in info.reason
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_bad_task_is_rejected_at_submit_and_nothing_is_created(client):
+    import grpc
+    import pytest
+
+    for ref, needle in [
+        (spec("NotATask").ref, "is not a task"),
+        (spec("Missing").ref, "has no attribute 'Missing'"),
+        ("no.such.module:Task", "no module named 'no.such.module'"),
+        ("/no/such/file.py:Task", "does not exist"),
+        ("no_colon", "must look like"),
+    ]:
+        with pytest.raises(grpc.RpcError) as err:
+            client.submit(tasks_pb2.TaskSpec(ref=ref))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"nope": "1"}))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no argument 'nope'" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, priority=101))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority" in err.value.details()
+    assert client.list() == []
