@@ -345,8 +345,8 @@ class Agent:
         elif which == "ready":
             rec.kind = msg.ready.kind
             if rec.state is TaskState.STARTING:
-                # Keep the reason of the last restart visible: it is why this worker is a new one.
-                self._set_state(rec, TaskState.READY, rec.reason if rec.restarts else "")
+                # Keep why this worker was (re)started visible: a crash, an agent restart.
+                self._set_state(rec, TaskState.READY, rec.reason)
                 self.scheduler.add_task(
                     TaskSlot(
                         task_id=task_id,

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The two commands of the README:  ./dev.sh demo  |  ./dev.sh test
+# Each sets up what it needs first: a virtualenv in .venv with freeride and its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=${FREERIDE_VENV:-.venv}
+
+setup() {
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "freeride needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2
+        exit 2
+    fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "==> creating $VENV" >&2
+        "$PYTHON" -m venv "$VENV"
+    fi
+    local stamp="$VENV/.freeride-installed"
+    local want
+    want=$(cat pyproject.toml | "$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        echo "==> installing freeride and its dev tools into $VENV" >&2
+        "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+        "$VENV/bin/python" -m pip install --quiet -e ".[dev]" >&2
+        echo "$want" > "$stamp"
+    fi
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    demo)
+        setup
+        exec "$VENV/bin/freeride" demo "$@"
+        ;;
+    test)
+        setup
+        echo "==> ruff" >&2
+        "$VENV/bin/ruff" check freeride sidetasks tests tools
+        echo "==> mypy" >&2
+        "$VENV/bin/mypy"
+        echo "==> pytest" >&2
+        set +e
+        "$VENV/bin/python" -m pytest "$@"
+        code=$?
+        set -e
+        if [ "$code" -eq 5 ]; then
+            echo "pytest collected no tests: that is a failure here" >&2
+            exit 1
+        fi
+        exit "$code"
+        ;;
+    *)
+        echo "usage: ./dev.sh demo|test [args]" >&2
+        exit 2
+        ;;
+esac

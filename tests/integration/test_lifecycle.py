@@ -1,0 +1,107 @@
+"""Pause, resume, cancel, and the agent's own restarts: no task and no harvested second is lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+from conftest import FAST, BackgroundTrainer, bubbles, drive, spec
+
+from freeride.harness import AgentProcess, wait_for_task
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+
+
+def test_pause_checkpoints_and_frees_the_worker_then_resume_continues_from_there(agent, client):
+    task = client.submit(spec("Counter", step_ms=1))
+    ready = wait_for_task(client, task.id, [S.TASK_STATE_READY])
+    drive(agent, bubbles(6, [20.0]))
+    paused = client.pause(task.id)
+    assert paused.state == S.TASK_STATE_PAUSED
+    psutil.Process(ready.pid).wait(10)  # the worker exits: its memory is given back
+    info = client.get(task.id)
+    assert info.pid == 0 and info.checkpoint_steps == info.progress["count"] > 0
+    client.resume(task.id)
+    resumed = wait_for_task(client, task.id, [S.TASK_STATE_READY])
+    drive(agent, bubbles(5, [20.0]))
+    after = client.get(task.id)
+    assert resumed.pid != ready.pid
+    assert after.progress["count"] > info.progress["count"]  # counted on from the checkpoint
+    assert after.counters.harvested_s > info.counters.harvested_s
+
+
+def test_cancel_is_final_and_later_actions_say_why_they_cannot_run(agent, client):
+    import grpc
+    import pytest
+
+    task = client.submit(spec("Counter"))
+    wait_for_task(client, task.id, [S.TASK_STATE_READY])
+    assert client.cancel(task.id).state == S.TASK_STATE_CANCELLED
+    for action in (client.cancel, client.resume, client.pause):
+        with pytest.raises(grpc.RpcError) as err:
+            action(task.id)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.RpcError) as err:
+        client.get("999")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_after_kill_9_every_task_comes_back_in_its_state_with_its_harvest(tmp_path: Path):
+    state = tmp_path / "state"
+    agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+    with agent.client() as c:
+        running = c.submit(spec("Counter", step_ms=1))
+        paused = c.submit(spec("Counter", step_ms=1))
+        done = c.submit(spec("Counter", step_ms=1, steps=10))
+        for t in (running, paused, done):
+            wait_for_task(c, t.id, [S.TASK_STATE_READY])
+        drive(agent, bubbles(8, [20.0, 20.0]))
+        wait_for_task(c, done.id, [S.TASK_STATE_DONE])
+        c.pause(paused.id)
+        c.cancel(c.submit(spec("Counter")).id)
+        with BackgroundTrainer(agent, [20.0]):
+            before = {t.id: t for t in c.list()}
+            gpu_before = c.stats().gpu
+            old_pid = before[running.id].pid
+            agent.kill9()  # in the middle of the trainer's bubbles
+    psutil.Process(old_pid).wait(10)  # its worker noticed, checkpointed and left
+    agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+    try:
+        with agent.client() as c:
+            back = wait_for_task(c, running.id, [S.TASK_STATE_READY])
+            after = {t.id: t for t in c.list()}
+            assert after[paused.id].state == S.TASK_STATE_PAUSED
+            assert after[done.id].state == S.TASK_STATE_DONE
+            assert [t.state for t in after.values()].count(S.TASK_STATE_CANCELLED) == 1
+            assert back.pid != old_pid and back.reason == "agent restarted"
+            assert back.checkpoint_steps > 0
+            for tid, t in before.items():  # harvested totals are never lost (only what was in flight)
+                assert after[tid].counters.harvested_s >= t.counters.harvested_s * 0.9
+                assert after[tid].counters.harvested_s > 0 or t.counters.harvested_s == 0
+            assert c.stats().gpu.harvested_s >= gpu_before.harvested_s * 0.9
+            drive(agent, bubbles(5, [20.0]))
+            assert c.get(running.id).progress["count"] > before[running.id].progress["count"] * 0.5
+    finally:
+        assert agent.stop() == 0
+
+
+def test_sigterm_stops_in_order_and_the_next_agent_resumes_from_the_checkpoint(tmp_path: Path):
+    state = tmp_path / "state"
+    agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+    with agent.client() as c:
+        task = c.submit(spec("Counter", step_ms=1))
+        pid = wait_for_task(c, task.id, [S.TASK_STATE_READY]).pid
+        drive(agent, bubbles(6, [20.0]))
+        count = c.get(task.id).progress["count"]
+    assert agent.stop() == 0
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not agent.socket.exists()
+    agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+    try:
+        with agent.client() as c:
+            info = wait_for_task(c, task.id, [S.TASK_STATE_READY])
+            assert info.checkpoint_steps == count  # the shutdown checkpoint holds every step
+            assert info.counters.steps == count
+    finally:
+        assert agent.stop() == 0
