@@ -344,6 +344,7 @@ class Agent:
                 rec.step_estimate_ns = msg.window_done.step_estimate_ns
         elif which == "ready":
             rec.kind = msg.ready.kind
+            rec.progress.update(msg.ready.progress)
             if rec.state is TaskState.STARTING:
                 # Keep why this worker was (re)started visible: a crash, an agent restart.
                 self._set_state(rec, TaskState.READY, rec.reason)

@@ -247,7 +247,9 @@ class Worker:
             resumed = self._restore()
         except Exception as exc:
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
-        self._out.put(pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed)))
+        self._out.put(
+            pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed, progress=self.gate.progress()))
+        )
         try:
             if isinstance(task, ImperativeTask):
                 self.gate.begin_pieces()

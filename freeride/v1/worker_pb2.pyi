@@ -62,12 +62,21 @@ class WorkerHello(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., instance: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class WorkerReady(_message.Message):
-    __slots__ = ("kind", "resumed_steps")
+    __slots__ = ("kind", "resumed_steps", "progress")
+    class ProgressEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESUMED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     resumed_steps: int
-    def __init__(self, kind: _Optional[str] = ..., resumed_steps: _Optional[int] = ...) -> None: ...
+    progress: _containers.ScalarMap[str, float]
+    def __init__(self, kind: _Optional[str] = ..., resumed_steps: _Optional[int] = ..., progress: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("start_ns", "duration_ns")
