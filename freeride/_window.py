@@ -9,6 +9,7 @@ the control word directly, so a revocation costs it no wake-up at all.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -45,10 +46,9 @@ class WindowWriter:
         _LAYOUT.pack_into(self._mm, 0, self._seq, window_id, until_ns, int(is_open), end_ns)
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)
-        try:
+        # BlockingIOError: the worker has unread wake-ups already; it reads the word, not the bytes.
+        with contextlib.suppress(BlockingIOError):
             os.write(self._write_fd, b"w")
-        except BlockingIOError:
-            pass  # the worker has unread wake-ups already; it reads the word, not the bytes
 
     def grant(self, window_id: int, until_ns: int) -> None:
         self._store(window_id, until_ns, True, 0)
@@ -61,11 +61,8 @@ class WindowWriter:
         os.close(self.read_fd)
 
     def close(self) -> None:
-        for fd in (self._write_fd,):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):
+            os.close(self._write_fd)
         self._mm.close()
         self._f.close()
         self.path.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -57,7 +58,7 @@ class AgentClient:
     def submit(self, spec: tasks_pb2.TaskSpec) -> tasks_pb2.TaskInfo:
         return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=self.timeout_s)
 
-    def list(self, states: list[int] | None = None) -> list[tasks_pb2.TaskInfo]:
+    def list(self, states: list[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
         return list(self.tasks.List(tasks_pb2.ListRequest(states=states or []), timeout=self.timeout_s).tasks)
 
     def get(self, task_id: str) -> tasks_pb2.TaskInfo:
@@ -75,6 +76,15 @@ class AgentClient:
     def stats(self) -> tasks_pb2.StatsResponse:
         return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)
 
-    def watch(self) -> Iterator[tasks_pb2.AgentEvent]:
-        """Events as they happen; cancel by closing the client or breaking out of the loop."""
-        return self.tasks.Watch(tasks_pb2.WatchRequest())  # type: ignore[no-any-return]
+    def watch(self) -> EventStream:
+        """Events as they happen, until `cancel()` is called on the returned stream."""
+        stream: EventStream = self.tasks.Watch(tasks_pb2.WatchRequest())
+        return stream
+
+
+class EventStream(Protocol):
+    """The agent's event stream: iterate it; cancel() ends it (the iterator then raises CANCELLED)."""
+
+    def __iter__(self) -> Iterator[tasks_pb2.AgentEvent]: ...
+    def __next__(self) -> tasks_pb2.AgentEvent: ...
+    def cancel(self) -> bool: ...

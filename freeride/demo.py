@@ -103,7 +103,9 @@ def _report(clients: list[Any], tasks: list[Any], collectors: list[WindowCollect
     for s, (c, t, col) in enumerate(zip(clients, tasks, collectors, strict=True)):
         g = c.stats().gpu
         info = c.get(t.id)
-        grants = sorted(w.shares[0].first_step_ns - w.bubble_start_ns for w in col.windows if w.shares and w.shares[0].steps)
+        grants = sorted(
+            w.shares[0].first_step_ns - w.bubble_start_ns for w in col.windows if w.shares and w.shares[0].steps
+        )
         stages.append({
             "stage": s,
             "bubbles": g.bubbles,

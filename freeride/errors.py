@@ -27,7 +27,7 @@ class AgentUnavailableError(FreerideError):
     """No agent answers at the given address."""
 
 
-class TaskStop(BaseException):  # noqa: N818 - a signal, not an error
+class TaskStop(BaseException):
     """Raised at a yield point when the agent asks the task to stop (pause or cancel).
 
     Derives from BaseException so that a task's own `except Exception` does not swallow it.

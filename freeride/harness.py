@@ -87,7 +87,9 @@ class AgentProcess:
             self._tmp.cleanup()
 
 
-def wait_for_task(client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0) -> tasks_pb2.TaskInfo:
+def wait_for_task(
+    client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0
+) -> tasks_pb2.TaskInfo:
     """Block until the task reaches one of `states`, driven by the agent's event stream."""
     wanted = set(states)
     events = client.watch()

@@ -74,7 +74,7 @@ def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
         raw = env.get(f"FREERIDE_{f.name.upper()}")
         if raw is None or raw == "":
             continue
-        kind = {"int": int, "float": float, "str": str}.get(str(f.type), None)
+        kind = {"int": int, "float": float, "str": str}.get(str(f.type))
         try:
             if f.name in ("state_dir", "socket"):
                 out[f.name] = Path(raw)

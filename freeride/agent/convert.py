@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.v1 import tasks_pb2
 
-_STATE_TO_PB = {s: getattr(tasks_pb2, f"TASK_STATE_{s.value}") for s in TaskState}
+# protobuf enum values are ints at run time; the generated stubs type them as their enum class.
+_STATE_TO_PB: dict[TaskState, Any] = {
+    s: tasks_pb2.TaskState.Value(f"TASK_STATE_{s.value}") for s in TaskState
+}
 _PB_TO_STATE = {v: k for k, v in _STATE_TO_PB.items()}
 
 
-def state_to_pb(state: TaskState) -> int:
+def state_to_pb(state: TaskState) -> Any:
     return _STATE_TO_PB[state]
 
 

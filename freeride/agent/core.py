@@ -238,7 +238,7 @@ class Agent:
         if not self._send_control(rec.id, action):
             worker.kill(f"{desired.value.lower()} before it attached")
 
-    def _send_control(self, task_id: str, action: int) -> bool:
+    def _send_control(self, task_id: str, action: worker_pb2.ControlAction) -> bool:
         outbox = self._outboxes.get(task_id)
         if outbox is None:
             return False
@@ -440,7 +440,9 @@ async def _check_ref(spec: TaskSpec) -> dict[str, Any]:
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise TaskRefError(f"importing {spec.ref!r} took over {_CHECK_TIMEOUT_S:.0f}s; make the import cheaper") from None
+        raise TaskRefError(
+            f"importing {spec.ref!r} took over {_CHECK_TIMEOUT_S:.0f}s; make the import cheaper"
+        ) from None
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         result: dict[str, Any] = json.loads(lines[-1])

@@ -81,7 +81,9 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
         return self._agent.info(await self._agent.resume(request.id))
 
     @_status_errors
-    async def Stats(self, request: tasks_pb2.StatsRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.StatsResponse:
+    async def Stats(
+        self, request: tasks_pb2.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> tasks_pb2.StatsResponse:
         return self._agent.stats()
 
     async def Watch(

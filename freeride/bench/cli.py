@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     from freeride.bench import control, harvest
 
     c = sub.add_parser("control", help="control-path latency: hook cost, grant and revoke latency")

@@ -95,11 +95,6 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     grant_us = [
         (w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].first_step_ns
     ]
-    if getattr(ns, "debug_windows", False):
-        for w in windows:
-            sh = w.shares[0] if w.shares else None
-            print(w.slot, (w.until_ns - w.bubble_start_ns) / 1e6, (w.bubble_end_ns - w.bubble_start_ns) / 1e6,
-                  sh and (sh.first_step_ns - w.bubble_start_ns) / 1e3, sh and sh.steps, sh and (sh.idle_ns - w.bubble_start_ns) / 1e6)
     return {
         "benchmark": "harvest",
         "schedule": ns.schedule, "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,

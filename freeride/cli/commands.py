@@ -36,7 +36,8 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help=f"periodic checkpoint interval (default {d.checkpoint_interval_s})")
     p.add_argument("--hang-timeout-s", type=float,
                    help=f"kill a step this long after its window closed (default {d.hang_timeout_s})")
-    p.add_argument("--shutdown-grace-s", type=float, help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
+    p.add_argument("--shutdown-grace-s", type=float,
+                   help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
 
 
@@ -105,11 +106,11 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
 def cmd_ls(ns: argparse.Namespace) -> int:
     states = []
+    known = sorted(set(_STATE_NAMES.values()) - {"UNSPECIFIED"})
     for name in ns.state:
-        value = tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}") if name.upper() in _STATE_NAMES.values() else None
-        if value is None:
-            raise UsageError(f"unknown state {name!r}; one of {', '.join(sorted(set(_STATE_NAMES.values()) - {'UNSPECIFIED'}))}")
-        states.append(value)
+        if name.upper() not in known:
+            raise UsageError(f"unknown state {name!r}; one of {', '.join(known)}")
+        states.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}"))
     with _client(ns) as c:
         tasks = c.list(states)
     if ns.json:
@@ -196,7 +197,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _dict(msg: object) -> dict:  # type: ignore[type-arg]
+def _dict(msg: object) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)  # type: ignore[arg-type]

@@ -41,7 +41,9 @@ def load_class(ref: str) -> type[IterativeTask] | type[ImperativeTask]:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
             if exc.name is not None and module_part != exc.name and not module_part.startswith(exc.name + "."):
-                raise TaskRefError(f"importing {module_part!r} failed: it needs {exc.name!r}, which is not installed") from exc
+                raise TaskRefError(
+                    f"importing {module_part!r} failed: it needs {exc.name!r}, which is not installed"
+                ) from exc
             raise TaskRefError(f"no module named {module_part!r} (is it installed or on PYTHONPATH?)") from exc
         except Exception as exc:
             raise TaskRefError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
@@ -63,11 +65,12 @@ def kind_of(cls: type) -> str:
 
 def bind_args(cls: type, args: Mapping[str, str]) -> dict[str, Any]:
     """Convert key=value strings to the types the class's __init__ declares."""
-    if cls.__init__ is object.__init__:
+    init = vars(cls).get("__init__") or next((vars(k)["__init__"] for k in cls.__mro__ if "__init__" in vars(k)), None)
+    if init is None or init is object.__init__:
         if args:
             raise TaskRefError(f"{cls.__name__} takes no arguments, got: {', '.join(sorted(args))}")
         return {}
-    sig = inspect.signature(cls.__init__)
+    sig = inspect.signature(init)
     params = [p for p in list(sig.parameters.values())[1:] if p.kind not in (p.VAR_POSITIONAL,)]
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name: p for p in params if p.kind is not p.VAR_KEYWORD}

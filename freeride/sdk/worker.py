@@ -138,7 +138,7 @@ class _Gate:
         if len(self._steps) >= _REPORT_BATCH:
             self._flush_steps()
 
-    def close(self, reason: int) -> None:
+    def close(self, reason: pb.WindowEndReason) -> None:
         if not self._wid:
             return
         idle_ns = time.monotonic_ns()

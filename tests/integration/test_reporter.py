@@ -1,0 +1,171 @@
+"""The trainer-side BubbleReporter never slows or breaks training, whether or not an agent is there.
+
+And the agent's end of the stream rejects (and counts) edges that cannot be real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import FAST, bubbles
+
+from freeride.harness import AgentProcess, replay
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import trainer_pb2, trainer_pb2_grpc
+
+CALLS = 1000
+FAST_RECONNECT = {"reconnect_min_s": 0.05, "reconnect_max_s": 0.2}
+
+
+def timed_calls(reporter: BubbleReporter, calls: int) -> list[float]:
+    """Alternate start/end `calls` times each; the seconds every single call took."""
+    durations = []
+    for i in range(calls):
+        for call in (reporter.start, reporter.end):
+            t0 = time.perf_counter()
+            call(i % 4)
+            durations.append(time.perf_counter() - t0)
+    return durations
+
+
+def p99(durations: list[float]) -> float:
+    return sorted(durations)[int(len(durations) * 0.99)]
+
+
+def report(reporter: BubbleReporter, n: int) -> None:
+    """n real (a few ms long) bubbles, in real time, as a training loop would."""
+    replay(reporter, bubbles(n, [2.0], compute_ms=0.5))
+
+
+@pytest.fixture
+def new_agent(tmp_path: Path) -> Iterator[Callable[[], AgentProcess]]:
+    """Agents on one state dir and socket, created (not started) on demand; all are stopped at the end."""
+    made: list[AgentProcess] = []
+
+    def make() -> AgentProcess:
+        made.append(AgentProcess(state_dir=tmp_path / "state", extra_args=FAST))
+        return made[-1]
+
+    yield make
+    for proc in made:
+        proc.stop()
+
+
+def test_with_no_agent_calls_are_sub_millisecond_never_raise_and_are_counted_as_dropped(tmp_path):
+    reporter = BubbleReporter(f"unix:{tmp_path / 'none.sock'}", **FAST_RECONNECT)
+    try:
+        durations = timed_calls(reporter, CALLS)
+        with reporter.bubble(0):
+            pass
+        assert p99(durations) < 1e-3, f"p99 {p99(durations) * 1e6:.0f} us"
+        assert reporter.dropped == 2 * CALLS + 2
+        assert reporter.sent == 0
+        assert not reporter.wait_connected(0)
+    finally:
+        t0 = time.perf_counter()
+        reporter.close()
+    assert time.perf_counter() - t0 < 2.0  # nothing to flush: close does not wait out its timeout
+
+
+def test_a_reporter_made_before_the_agent_connects_once_it_starts_and_its_bubbles_arrive(new_agent):
+    agent = new_agent()
+    assert agent.socket == agent.state_dir.parent / "agent-gpu0.sock"
+    reporter = BubbleReporter(f"unix:{agent.socket}", **FAST_RECONNECT)
+    try:
+        timed_calls(reporter, 10)  # no agent yet: dropped, not queued
+        assert reporter.dropped == 20 and not reporter.wait_connected(0)
+        agent.start()
+        assert reporter.wait_connected(10), "reporter did not connect to the agent that started after it"
+        with agent.client() as c:
+            before = c.stats().gpu
+            report(reporter, 5)
+            reporter.close()  # flushes the queue and ends the stream
+            after = c.stats().gpu
+        assert reporter.dropped == 20 and reporter.sent == 10
+        assert after.bubbles - before.bubbles == 5
+        assert after.rejected_events == 0
+    finally:
+        reporter.close()
+
+
+def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_successor(new_agent):
+    first = new_agent().start()
+    reporter = BubbleReporter(first.target, **FAST_RECONNECT)
+    try:
+        assert reporter.wait_connected(10)
+        report(reporter, 2)
+        first.kill9()
+
+        # Training goes on: every call returns at once while the reporter notices the agent is gone.
+        durations: list[float] = []
+        dropped = reporter.dropped
+        deadline = time.monotonic() + 10
+        while reporter.dropped == dropped and time.monotonic() < deadline:
+            durations += timed_calls(reporter, 10)
+        assert reporter.dropped > dropped, "the reporter did not notice the agent died"
+        durations += timed_calls(reporter, CALLS)
+        assert p99(durations) < 1e-3 and max(durations) < 0.05, f"max {max(durations) * 1e3:.1f} ms"
+
+        second = new_agent().start()  # same state dir and socket
+        assert reporter.wait_connected(10), "reporter did not reconnect to the restarted agent"
+        with second.client() as c:
+            before = c.stats().gpu.bubbles
+            report(reporter, 3)
+            reporter.close()
+            assert c.stats().gpu.bubbles - before == 3
+    finally:
+        reporter.close()
+
+
+def test_the_bubble_context_manager_reports_one_bubble_around_its_body(agent, client):
+    reporter = BubbleReporter(agent.target, **FAST_RECONNECT)
+    try:
+        assert reporter.wait_connected(10)
+        with reporter.bubble(2):
+            t0 = time.monotonic()
+            time.sleep(0.02)  # the wait the bubble stands for
+            body_s = time.monotonic() - t0
+        with pytest.raises(KeyError), reporter.bubble(2):  # the END is reported even when the body raises
+            raise KeyError("from the body")
+    finally:
+        reporter.close()
+    gpu = client.stats().gpu
+    assert reporter.sent == 4 and reporter.dropped == 0
+    assert gpu.bubbles == 2
+    assert body_s <= gpu.bubble_s < body_s + 0.01
+
+
+def test_the_agent_rejects_and_counts_impossible_edges_and_keeps_serving(agent, client):
+    now = time.monotonic_ns()
+    hour = 3600 * 10**9
+    bad = [
+        trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_UNSPECIFIED, slot=0, time_ns=now),
+        trainer_pb2.BubbleEvent(edge=7, slot=0, time_ns=now),  # no such edge
+        trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_START, slot=1, time_ns=now + hour + 10**9),
+        trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_END, slot=1, time_ns=now + hour + 2 * 10**9),
+        trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_START, slot=2, time_ns=now - hour - 2 * 10**9),
+        trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_END, slot=2, time_ns=now - hour - 10**9),
+    ]
+    with grpc.insecure_channel(agent.target) as channel:
+        stub = trainer_pb2_grpc.BubbleServiceStub(channel)
+        replies = list(stub.ReportBubbles(iter([trainer_pb2.BubbleBatch(events=bad)]), timeout=10))
+        assert [r.gpu for r in replies] == [0]  # the welcome, then the agent ended the stream
+        gpu = client.stats().gpu
+        assert gpu.rejected_events == len(bad)
+        assert gpu.bubbles == 0 and gpu.events == 0
+
+        # The same stream kind still works: a real bubble is accepted after the rejected ones.
+        now = time.monotonic_ns()
+        good = [
+            trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_START, slot=0, time_ns=now - 2_000_000),
+            trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_END, slot=0, time_ns=now),
+        ]
+        list(stub.ReportBubbles(iter([trainer_pb2.BubbleBatch(events=good)]), timeout=10))
+    gpu = client.stats().gpu
+    assert gpu.rejected_events == len(bad)
+    assert gpu.bubbles == 1
+    assert client.health() == 1
