@@ -76,7 +76,13 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
 # -- client commands ------------------------------------------------------------------------------
 def _client(ns: argparse.Namespace) -> AgentClient:
-    ns.target = agent_target(ns.agent, ns.gpu)
+    gpu = ns.gpu
+    if gpu is None:
+        raw = os.environ.get("FREERIDE_GPU", "") or "0"
+        if not raw.isdigit():
+            raise UsageError(f"FREERIDE_GPU={raw!r} is not a GPU index; set it to a number like 0")
+        gpu = int(raw)
+    ns.target = agent_target(ns.agent, gpu)
     return AgentClient(ns.target)
 
 

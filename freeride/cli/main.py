@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent", default=os.environ.get("FREERIDE_AGENT", ""),
                    help="agent address: a socket path, unix:PATH or HOST:PORT (env FREERIDE_AGENT)")
-    p.add_argument("--gpu", type=int, default=int(os.environ.get("FREERIDE_GPU", "0") or 0),
+    p.add_argument("--gpu", type=int, default=None,
                    help="GPU whose default agent socket to use when --agent is not given (env FREERIDE_GPU)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -116,6 +116,9 @@ def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> in
         )().startswith("the agent"):
             return _fail(f"no agent answers at {getattr(ns, 'target', 'the agent address')}: {_AGENT_HINT}")
         return _fail(exc.details() if hasattr(exc, "details") else str(exc))
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        return _fail(f"{exc.strerror or exc}:{where}")
     except KeyboardInterrupt:
         return 130
 

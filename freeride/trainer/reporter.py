@@ -159,8 +159,8 @@ class BubbleReporter:
                     self._call = call
                     for _welcome in call:
                         if not self._connected.is_set():
+                            self._live = True  # before _connected: a waiter's next edge must not drop
                             self._connected.set()
-                            self._live = True
                             self._warned = False
                             delay = self._backoff[0]
                             log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)

@@ -211,12 +211,19 @@ def test_agent_rejects_an_invalid_setting_with_one_line_and_touches_nothing(tmp_
     assert not state.exists() and not (tmp_path / "a.sock").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="cli/main.py:35 calls int(FREERIDE_GPU) while building the parser: "
-                                        "ValueError traceback, exit code 1")
 @pytest.mark.parametrize("argv", [["agent", "--state-dir", "state"], ["ls"]], ids=["agent", "ls"])
 def test_a_non_numeric_gpu_env_is_a_usage_error(tmp_path, argv):
     res = freeride(*argv, cwd=tmp_path, env=_env(FREERIDE_GPU="abc"))
     assert "FREERIDE_GPU" in assert_usage_error(res)
+
+
+@pytest.mark.parametrize("where", ["state-dir", "socket-dir"])
+def test_agent_paths_that_are_files_are_a_usage_error(tmp_path, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    state, sock = (blocker, tmp_path / "a.sock") if where == "state-dir" else (tmp_path / "state", blocker / "a.sock")
+    line = assert_usage_error(freeride("agent", "--state-dir", state, "--socket", sock))
+    assert str(blocker) in line
 
 
 def test_a_second_agent_on_the_same_state_dir_is_refused(agent, client, tmp_path):

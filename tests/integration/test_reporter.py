@@ -5,6 +5,7 @@ And the agent's end of the stream rejects (and counts) edges that cannot be real
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,7 +53,8 @@ def new_agent(tmp_path: Path) -> Iterator[Callable[[], AgentProcess]]:
 
     yield make
     for proc in made:
-        proc.stop()
+        code = proc.stop()
+        assert code in (0, -signal.SIGKILL), f"agent exited with {code}:\n{proc.log_tail()}"
 
 
 def test_with_no_agent_calls_are_sub_millisecond_never_raise_and_are_counted_as_dropped(tmp_path):
@@ -136,7 +138,7 @@ def test_the_bubble_context_manager_reports_one_bubble_around_its_body(agent, cl
     gpu = client.stats().gpu
     assert reporter.sent == 4 and reporter.dropped == 0
     assert gpu.bubbles == 2
-    assert body_s <= gpu.bubble_s < body_s + 0.01
+    assert body_s <= gpu.bubble_s < body_s + 0.05  # the bubble spans the body, and little else
 
 
 def test_the_agent_rejects_and_counts_impossible_edges_and_keeps_serving(agent, client):
