@@ -10,9 +10,10 @@ class SlotPredictor:
 
     The first `skip` observations are ignored (the first iteration pays for warm-up, caches,
     allocator growth). The minimum is conservative: a window sized by it rarely outlives the
-    bubble. When the schedule changes, `change_run` lengths in a row that differ from the
-    prediction by more than `change_ratio` replace the history, so the slot adapts within a
-    few iterations instead of waiting for the longer history to roll over.
+    bubble, and a shorter bubble lowers it at once. When bubbles get longer (a new schedule, or
+    the end of a one-off short bubble), `change_run` lengths in a row above the prediction by
+    more than `change_ratio` replace the history, so the slot adapts within a few iterations
+    instead of waiting for the longer history to roll over.
     """
 
     def __init__(self, history: int = 16, skip: int = 1, change_ratio: float = 0.25, change_run: int = 3) -> None:
@@ -30,7 +31,8 @@ class SlotPredictor:
             self._skip -= 1
             return
         current = self._min
-        if current is not None and abs(length_ns - current) > self._change_ratio * current:
+        if current is not None and length_ns > current * (1 + self._change_ratio):
+            # Longer than predicted: harmless for one bubble, a new schedule if it keeps happening.
             self._outliers.append(length_ns)
             if len(self._outliers) >= self._change_run:
                 self._history.clear()
@@ -39,7 +41,7 @@ class SlotPredictor:
                 self._min = min(self._history)
                 return
         else:
-            self._outliers = []
+            self._outliers = []  # shorter lengths take effect at once through the minimum
         self._history.append(length_ns)
         self._min = min(self._history)
 

@@ -37,7 +37,7 @@ def _pct(values: list[float], q: float) -> float:
 def _flood(reporter: BubbleReporter, events: int) -> float:
     t0 = time.monotonic()
     for i in range(events // 2):
-        if len(reporter._queue) > 32768:  # let the sender catch up rather than drop
+        if reporter.queued > 8192:  # let the sender catch up rather than drop
             time.sleep(0.001)
         reporter.start(i % 64)
         reporter.end(i % 64)
@@ -52,7 +52,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         )
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
         collector = WindowCollector(client)
-        reporter = BubbleReporter(agent.target, max_queue=1 << 20)
+        reporter = BubbleReporter(agent.target)
         if not reporter.wait_connected(10):
             raise RuntimeError("the reporter could not connect to the agent")
         hook_ns: list[int] = []

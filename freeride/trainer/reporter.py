@@ -1,8 +1,10 @@
 """The training-side reporter: bubble edges go to the agent without ever blocking training.
 
-The training thread only stamps the time and appends to a bounded deque (a few microseconds);
-a background thread owns the gRPC stream, reconnects with backoff, and drops events while no
-agent is there. No exception from here can reach the training loop.
+The training thread stamps the time and writes seven integers into a preallocated ring slot: no
+allocation of a garbage-collected object (so no GC pause lands in the hook), no lock, no
+system call unless the sender thread sleeps. A background thread owns the gRPC stream, batches
+what is queued, reconnects with backoff, and drops edges while no agent is there. No exception
+from here can reach the training loop.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 
 import grpc
@@ -22,14 +23,16 @@ log = logging.getLogger(__name__)
 
 START = trainer_pb2.BUBBLE_EDGE_START
 END = trainer_pb2.BUBBLE_EDGE_END
+_MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
 
 
 class BubbleReporter:
     """Report bubble START/END for one training rank to the agent of its GPU.
 
     `start(slot)` / `end(slot)` cost microseconds and never raise; `bubble(slot)` is a context
-    manager around a wait. Events are dropped (and counted) when the queue is full or no agent
-    is connected: training never waits for freeride.
+    manager around a wait. Edges are dropped (and counted in `dropped`) when the ring is full or
+    no agent is connected: training never waits for freeride. One training thread per reporter
+    (the ring has a single producer).
     """
 
     def __init__(
@@ -37,7 +40,7 @@ class BubbleReporter:
         target: str,
         rank: int = 0,
         stage: int = 0,
-        max_queue: int = 65536,
+        max_queue: int = 16384,
         reconnect_min_s: float = 0.1,
         reconnect_max_s: float = 5.0,
     ) -> None:
@@ -47,8 +50,11 @@ class BubbleReporter:
         self.iteration = 0
         self.sent = 0
         self.dropped = 0
-        self._queue: deque[tuple[int, int, int, int, int, int, int]] = deque()
-        self._max_queue = max_queue
+        capacity = 1 << max(4, (max_queue - 1).bit_length())  # a power of two, so `& mask` indexes it
+        self._ring = [[0] * 7 for _ in range(capacity)]
+        self._mask = capacity - 1
+        self._head = 0  # next slot the sender reads (sender thread only)
+        self._tail = 0  # next slot the trainer writes (training thread only)
         self._signal = threading.Lock()  # held while the sender has nothing to do
         self._signal.acquire()
         self._sleeping = False
@@ -72,10 +78,19 @@ class BubbleReporter:
         """The rank is about to wait: its GPU is idle from now."""
         now = time.monotonic_ns()
         try:
-            if not self._live or len(self._queue) >= self._max_queue:
+            tail = self._tail
+            if not self._live or tail - self._head > self._mask:
                 self.dropped += 1
                 return
-            self._queue.append((START, slot, self.iteration, now, expected_duration_ns, free_memory_bytes, kind))
+            rec = self._ring[tail & self._mask]
+            rec[0] = START
+            rec[1] = slot
+            rec[2] = self.iteration
+            rec[3] = now
+            rec[4] = expected_duration_ns
+            rec[5] = free_memory_bytes
+            rec[6] = kind
+            self._tail = tail + 1
             if self._sleeping:  # wake the sender; a bare lock release never drops the GIL
                 self._sleeping = False
                 self._signal.release()
@@ -86,10 +101,19 @@ class BubbleReporter:
         """The wait is over: the GPU is needed again from now."""
         now = time.monotonic_ns()
         try:
-            if not self._live or len(self._queue) >= self._max_queue:
+            tail = self._tail
+            if not self._live or tail - self._head > self._mask:
                 self.dropped += 1
                 return
-            self._queue.append((END, slot, self.iteration, now, 0, 0, kind))
+            rec = self._ring[tail & self._mask]
+            rec[0] = END
+            rec[1] = slot
+            rec[2] = self.iteration
+            rec[3] = now
+            rec[4] = 0
+            rec[5] = 0
+            rec[6] = kind
+            self._tail = tail + 1
             if self._sleeping:
                 self._sleeping = False
                 self._signal.release()
@@ -104,14 +128,16 @@ class BubbleReporter:
         finally:
             self.end(slot, kind)
 
-    # -- background thread ---------------------------------------------------------------------------
-    def _release(self) -> None:
-        with contextlib.suppress(RuntimeError):  # already released by another caller
-            self._signal.release()
+    @property
+    def queued(self) -> int:
+        """Edges written by the trainer and not yet sent."""
+        return self._tail - self._head
 
+    # -- background thread ---------------------------------------------------------------------------
     def _wake(self) -> None:
         self._sleeping = False
-        self._release()
+        with contextlib.suppress(RuntimeError):  # already released
+            self._signal.release()
 
     def wait_connected(self, timeout_s: float) -> bool:
         """For tests and start-up: block until the stream to the agent is live."""
@@ -129,24 +155,26 @@ class BubbleReporter:
             self._thread.join(timeout=5)
 
     def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
-        q = self._queue
+        ring, mask = self._ring, self._mask
         while generation == self._generation:
-            if not q:
+            if self._head == self._tail:
                 if self._closed:
                     return  # queue flushed: half-close the stream
                 self._sleeping = True
-                if not q:  # an append between the check and the flag would otherwise not wake us
+                if self._head == self._tail:  # a write between the check and the flag would not wake us
                     self._signal.acquire()
                 self._sleeping = False
-            if not q or generation != self._generation:
+            if self._head == self._tail or generation != self._generation:
                 continue
             batch = trainer_pb2.BubbleBatch()
             add = batch.events.add
-            while q:
-                edge, slot, iteration, now, expected, free, kind = q.popleft()
+            head, tail = self._head, min(self._tail, self._head + _MAX_BATCH)
+            for i in range(head, tail):
+                edge, slot, iteration, now, expected, free, kind = ring[i & mask]
                 add(edge=edge, slot=slot, iteration=iteration, stage=self.stage, rank=self.rank, time_ns=now,
                     expected_duration_ns=expected, free_memory_bytes=free, kind=kind)
-            self.sent += len(batch.events)
+            self._head = tail
+            self.sent += tail - head
             yield batch
 
     def _run(self) -> None:
@@ -179,7 +207,7 @@ class BubbleReporter:
                 self._connected.clear()
                 self._generation += 1  # the old request generator wakes and returns
                 self._wake()
-                self._queue.clear()
+                self._head = self._tail  # edges of a dead stream are stale: drop them
                 self._call = None
             if self._closed:
                 break

@@ -150,3 +150,18 @@ def test_extra_margin_decays_back_to_the_base() -> None:
         assert m.margin_ns() <= previous
         previous = m.margin_ns()
     assert m.margin_ns() == 100
+
+
+def test_a_one_off_short_bubble_is_forgotten_after_a_run_of_normal_lengths() -> None:
+    # A trainer hiccup shortens one bubble: the prediction drops at once (no overrun), and
+    # comes back after `change_run` normal lengths instead of staying low for the whole history.
+    ms = 1_000_000
+    p = SlotPredictor(history=16, skip=1, change_ratio=0.25, change_run=3)
+    for length in (25, 25, 12):
+        p.observe(length * ms)
+    assert p.predict_ns() == 12 * ms
+    for _ in range(2):
+        p.observe(25 * ms)
+        assert p.predict_ns() == 12 * ms
+    p.observe(25 * ms)
+    assert p.predict_ns() == 25 * ms
