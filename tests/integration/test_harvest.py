@@ -25,7 +25,9 @@ def test_a_task_runs_steps_only_inside_bubbles_and_its_harvest_is_accounted(agen
     t = client.get(task.id)
     assert stats.gpu.bubbles == 16
     assert t.counters.steps > 0 and t.counters.windows == granted_windows(trace)
-    assert 0.5 < stats.gpu.harvested_s / stats.gpu.bubble_s <= 1.0
+    assert 0 < stats.gpu.harvested_s < stats.gpu.bubble_s  # how much is a benchmark's business, not a test's
+    accounted_ns = sum(s.busy_ns - s.overrun_ns for w in windows.windows for s in w.shares)
+    assert abs(t.counters.harvested_s - accounted_ns / 1e9) < 1e-6  # the ledger is the sum of its windows
     for w in windows.windows:
         share = w.shares[0]
         assert share.first_step_ns >= w.bubble_start_ns  # never before the bubble started
