@@ -26,7 +26,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-jitter", type=float, default=0.02, help="relative jitter of F and B (0.02 = ±2%%)")
     p.add_argument("--step-ms", "-S", type=float, default=5.0)
     p.add_argument("--step-jitter-ms", type=float, default=0.25)
-    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--trace", type=Path, help="replay this recorded trace (JSON) instead of generating one")
     p.add_argument("--margin-ms", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -91,6 +91,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     ideal = sum(oracle_fill(length, ns.step_ms / 1e3, ns.step_jitter_ms / 1e3, rng) for length in bubble_lengths)
     g = stats.gpu
     t = stats.tasks[0].counters
+    learned = [w for w in windows if w.iteration >= 2]
+    steady_bubble_s = sum((e - s) / 1e9 for (_, s, e), it in zip(bubbles, _iterations_of(stage_trace), strict=True)
+                          if it >= 2)
+    steady_harvest_s = sum((sh.busy_ns - sh.overrun_ns) / 1e9 for w in learned for sh in w.shares)
     overruns_ms = [sum(sh.overrun_ns for sh in w.shares) / 1e6 for w in windows]
     grant_us = [
         (w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].first_step_ns
@@ -105,6 +109,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "harvested_s": round(g.harvested_s, 4),
         "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
         "ideal_efficiency": round(ideal / sum(bubble_lengths), 4) if bubble_lengths else 0.0,
+        "efficiency_after_learning": round(steady_harvest_s / steady_bubble_s, 4) if steady_bubble_s else 0.0,
         "steps": t.steps,
         "overrun_steps": t.overrun_steps,
         "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,
@@ -117,6 +122,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "grant_us_p99": round(_pct(grant_us, 0.99), 1),
         "windows": len(windows),
     }
+
+
+def _iterations_of(stage_trace: list[list[tr.Segment]]) -> list[int]:
+    """The iteration of every bubble of the trace, in order."""
+    return [i for i, it in enumerate(stage_trace) for seg in it if seg.bubble]
 
 
 def _expected_windows(stage_trace: list[list[tr.Segment]]) -> int:
