@@ -282,6 +282,9 @@ class Scheduler:
             self._dispatch(w)  # tail filling: the rest of the bubble goes to a task whose steps fit
         else:
             self._maybe_account(w)
+            current = self._current  # a newer window that opened while this task was still busy
+            if current is not None and current.open and not current.holder:
+                self._dispatch(current)
 
     # -- accounting ------------------------------------------------------------------------------
     def _maybe_account(self, w: Window) -> None:

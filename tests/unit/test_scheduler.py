@@ -559,3 +559,18 @@ def test_end_edge_at_the_start_instant_still_revokes_the_holder(h: Harness) -> N
     h.start(5 * MS, hint=LENGTH)
     h.end(5 * MS)  # a zero-length bubble (coarse clock): the GPU is needed again at once
     assert port.revokes() == [("revoke", 1, 5 * MS, 5 * MS + LENGTH - MARGIN)]
+
+
+def test_a_task_that_goes_idle_late_takes_the_window_that_opened_while_it_was_busy(h: Harness) -> None:
+    # The holder of window 1 is still in a step after END; window 2 opens meanwhile with nobody
+    # to take it. When the holder reports idle, it is granted window 2 at once (an event, not a poll).
+    port = h.add("a", step_estimate_ns=1 * MS)
+    t = h.learn()
+    h.start(t, iteration=2)
+    w1 = granted_window(port)
+    h.end(t + LENGTH, iteration=2)
+    h.start(t + PERIOD, iteration=3)
+    assert len(port.grants()) == 1  # busy: not granted again yet
+    h.now = t + PERIOD + 1 * MS
+    h.done("a", w1, idle_ns=h.now)
+    assert len(port.grants()) == 2 and port.grants()[-1][1] != w1
