@@ -359,6 +359,7 @@ class Agent:
                 )
         elif which == "checkpointed":
             rec.checkpoint_steps = msg.checkpointed.steps
+            rec.progress.update(msg.checkpointed.progress)
             self._mark_dirty({task_id}, ledger=False)
         elif which == "finished":
             rec.progress.update(msg.finished.progress)

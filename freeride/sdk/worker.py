@@ -38,6 +38,7 @@ from freeride.v1 import worker_pb2_grpc
 log = logging.getLogger("freeride.worker")
 
 _REPORT_BATCH = 256
+_PROGRESS_EVERY_S = 1.0
 _CHECKPOINT_VERSION = 1
 
 
@@ -78,6 +79,7 @@ class _Gate:
         self._steps: list[pb.Step] = []
         self.total_steps = 0
         self._piece_start_ns = 0
+        self._progress_at = 0.0
         self.progress: Any = dict
 
     def remaining_s(self) -> float:
@@ -154,10 +156,15 @@ class _Gate:
             self._on_idle(force=False)
 
     def _flush_steps(self) -> None:
+        now = time.monotonic()
+        progress = {}
+        if now - self._progress_at >= _PROGRESS_EVERY_S:  # progress() may be costly (an evaluation)
+            self._progress_at = now
+            progress = self.progress()
         report = pb.StepReport(
             window_id=self._wid,
             steps=self._steps,
-            progress=self.progress(),
+            progress=progress,
             peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         )
         self._steps = []
@@ -320,7 +327,9 @@ class Worker:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         self._out.put(
-            pb.WorkerMessage(checkpointed=pb.Checkpointed(steps=self.gate.total_steps, path=str(path)))
+            pb.WorkerMessage(
+                checkpointed=pb.Checkpointed(steps=self.gate.total_steps, path=str(path), progress=self.gate.progress())
+            )
         )
 
     def _restore(self) -> int:

@@ -74,6 +74,8 @@ class BubbleReporter:
         """The training iteration that following edges belong to."""
         self.iteration = iteration
 
+    # start() and end() are written out in full rather than sharing a helper: one more Python
+    # call would cost about a microsecond of the 20 us budget.
     def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
         """The rank is about to wait: its GPU is idle from now."""
         now = time.monotonic_ns()

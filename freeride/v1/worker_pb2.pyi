@@ -118,12 +118,21 @@ class WindowDone(_message.Message):
     def __init__(self, window_id: _Optional[int] = ..., reason: _Optional[_Union[WindowEndReason, str]] = ..., idle_ns: _Optional[int] = ..., step_estimate_ns: _Optional[int] = ...) -> None: ...
 
 class Checkpointed(_message.Message):
-    __slots__ = ("steps", "path")
+    __slots__ = ("steps", "path", "progress")
+    class ProgressEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEPS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     path: str
-    def __init__(self, steps: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+    progress: _containers.ScalarMap[str, float]
+    def __init__(self, steps: _Optional[int] = ..., path: _Optional[str] = ..., progress: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class WorkerFinished(_message.Message):
     __slots__ = ("progress",)

@@ -32,7 +32,7 @@ def test_a_task_runs_steps_only_inside_bubbles_and_its_harvest_is_accounted(agen
         share = w.shares[0]
         assert share.first_step_ns >= w.bubble_start_ns  # never before the bubble started
         assert share.idle_ns <= w.until_ns + 5_000_000  # stopped by the window's end (plus one step)
-    assert t.progress["count"] >= t.counters.steps
+    assert 0 < t.progress["count"] <= t.counters.steps  # progress() is sampled at most once a second
 
 
 def test_no_window_is_granted_before_the_slot_was_learned(agent, client):
