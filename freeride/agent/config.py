@@ -15,7 +15,10 @@ class ConfigError(FreerideError):
 
 
 def default_runtime_dir() -> Path:
-    """Where sockets live: $XDG_RUNTIME_DIR/freeride, else /tmp/freeride-<uid>."""
+    """Where sockets live: $FREERIDE_SOCKET_DIR, $XDG_RUNTIME_DIR/freeride, else /tmp/freeride-<uid>."""
+    explicit = os.environ.get("FREERIDE_SOCKET_DIR")
+    if explicit:
+        return Path(explicit)
     base = os.environ.get("XDG_RUNTIME_DIR")
     return Path(base) / "freeride" if base else Path(f"/tmp/freeride-{os.getuid()}")
 

@@ -122,6 +122,8 @@ class Scheduler:
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
         self.gpu.events += 1
         self.event_delays_ns.append(self._clock() - ev.time_ns)
+        if ev.kind == trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS:
+            return  # optimizer and data loading may use the GPU: reported, never harvested
         if ev.edge == trainer_pb2.BUBBLE_EDGE_START:
             self._on_start(ev)
         elif ev.edge == trainer_pb2.BUBBLE_EDGE_END:

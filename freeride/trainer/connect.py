@@ -1,0 +1,48 @@
+"""Find the agent of this rank's GPU and open a reporter to it."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from freeride.client import agent_target
+from freeride.trainer.reporter import BubbleReporter
+
+log = logging.getLogger(__name__)
+
+
+def local_gpu_index() -> int:
+    """The GPU this process trains on: the current CUDA device, else LOCAL_RANK, else 0."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except ImportError:
+        pass
+    raw = os.environ.get("LOCAL_RANK", "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+def agent_address(address: str | None = None, gpu: int | None = None) -> str:
+    """Where this rank's agent listens.
+
+    An explicit address wins; then FREERIDE_AGENT; then the default socket of this rank's GPU
+    (`$FREERIDE_SOCKET_DIR`, `$XDG_RUNTIME_DIR/freeride` or `/tmp/freeride-UID`, file
+    `agent-gpuN.sock`). With data parallelism and many nodes every rank still talks to the agent
+    of its own GPU on its own host, so no cluster-wide address is needed.
+    """
+    address = address or os.environ.get("FREERIDE_AGENT") or None
+    return agent_target(address, local_gpu_index() if gpu is None else gpu)
+
+
+def connect(
+    address: str | None = None, *, rank: int | None = None, stage: int = 0, gpu: int | None = None
+) -> BubbleReporter:
+    """A reporter for this rank. Never fails: with no agent, edges are dropped (one warning)."""
+    if rank is None:
+        raw = os.environ.get("RANK", "0")
+        rank = int(raw) if raw.isdigit() else 0
+    target = agent_address(address, gpu)
+    log.debug("rank %d reports bubbles to %s", rank, target)
+    return BubbleReporter(target, rank=rank, stage=stage)
