@@ -22,6 +22,11 @@ setup() {
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+        # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
+        # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch 2.13.
+        if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+            "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
+        fi
         "$VENV/bin/python" -m pip install --quiet -e ".[dev]" >&2
         echo "$want" > "$stamp"
     fi

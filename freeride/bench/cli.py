@@ -7,7 +7,7 @@ import json
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from freeride.bench import control, harvest
+    from freeride.bench import control, harvest, trainer
 
     c = sub.add_parser("control", help="control-path latency: hook cost, grant and revoke latency")
     control.add_args(c)
@@ -17,6 +17,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     harvest.add_args(h)
     h.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
     h.set_defaults(func=lambda ns: _emit(harvest.run(ns)))
+    t = sub.add_parser("trainer", help="instrumentation overhead on a real CPU pipeline (needs torch)")
+    trainer.add_args(t)
+    t.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
+    t.set_defaults(func=lambda ns: _emit(trainer.run(ns)))
 
 
 def _emit(result: dict[str, object]) -> int:

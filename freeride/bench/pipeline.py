@@ -40,6 +40,7 @@ class PipelineConfig:
     instrument: bool = False
     socket_dir: str = ""  # agents' sockets (agent-gpu<LOCAL_RANK>.sock) when instrumenting
     record: bool = True
+    alternate: bool = False  # instrument odd iterations only: plain and instrumented steps in one run
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -112,6 +113,8 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + it)
         x = torch.randn(batch, cfg.dim, generator=gen)
         target = torch.randn(batch, cfg.dim, generator=gen)
+        if inst is not None and cfg.alternate:
+            inst.enabled = it % 2 == 1
         optimizer.zero_grad()
         mb_losses: list[Any] = []
         t0 = time.monotonic_ns()

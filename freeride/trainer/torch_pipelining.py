@@ -57,6 +57,7 @@ class BubbleRecord:
     kind: int
     start_ns: int
     end_ns: int
+    reported: bool = True
 
 
 _local = threading.local()  # .active: the Instrumentation whose step() runs on this thread
@@ -68,6 +69,8 @@ class Instrumentation:
     reporter: BubbleReporter
     sync: Callable[[], None] | None
     record: bool = False
+    min_report_ns: int = 200_000
+    enabled: bool = True  # False: step() runs exactly as without freeride (for A/B measurements)
     iteration: int = -1
     bubbles: list[BubbleRecord] = field(default_factory=list)
     waits_seen: int = 0
@@ -76,10 +79,14 @@ class Instrumentation:
     _tagged_ops: dict[int, int] = field(default_factory=dict)
     _tagged_works: dict[int, int] = field(default_factory=dict)
     _after_step_ns: int = 0
+    _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     # -- the wrapped step() ------------------------------------------------------------------------
     def _run_step(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self.enabled:
+            self._after_step_ns = 0
+            return original(*args, **kwargs)
         now = time.monotonic_ns()
         if self._after_step_ns:
             self.reporter.end(BETWEEN_STEPS_SLOT, BETWEEN)
@@ -136,18 +143,24 @@ class Instrumentation:
         self._ordinal += 1
         self.waits_seen += 1
         kind = self._kind(direction)
+        # A wait that was too short to harvest last iteration is not reported (it keeps its slot
+        # number): a side task could not use it, and every edge costs the agent some CPU.
+        report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
         if self.sync is not None:
             self.sync()  # the GPU has finished what was queued before the wait
         start = time.monotonic_ns()
-        self.reporter.start(slot, kind)
+        if report:
+            self.reporter.start(slot, kind)
         try:
             original(works)
             if self.sync is not None:
                 self.sync()  # the received data has landed
         finally:
             end = time.monotonic_ns()
-            self.reporter.end(slot, kind)
-            self._keep(slot, kind, start, end)
+            if report:
+                self.reporter.end(slot, kind)
+            self._last_ns[slot] = end - start
+            self._keep(slot, kind, start, end, report)
 
     def _kind(self, direction: int) -> int:
         if direction & _BWD:
@@ -158,9 +171,9 @@ class Instrumentation:
             return COOLDOWN if self._seen_bwd else FILL
         return DRAIN  # only sends: waiting for a neighbour to take what this stage produced
 
-    def _keep(self, slot: int, kind: int, start: int, end: int) -> None:
+    def _keep(self, slot: int, kind: int, start: int, end: int, reported: bool = True) -> None:
         if self.record:
-            self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end))
+            self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))
 
     def undo(self) -> None:
         """Restore the schedule and the stages; the shared module hook stays while others use it."""
@@ -259,12 +272,14 @@ def instrument(
     agent: str | None = None,
     sync_cuda: bool | None = None,
     record: bool = False,
+    min_report_us: float = 200.0,
 ) -> Instrumentation:
     """Report every bubble of `schedule` to the agent of this rank's GPU; `undo()` to stop.
 
     `reporter`: an existing BubbleReporter (default: `freeride.trainer.connect(agent)`).
     `sync_cuda`: synchronise the stream at bubble edges (default: when the stage is on CUDA).
     `record`: also keep every bubble in `Instrumentation.bubbles`.
+    `min_report_us`: a wait shorter than this in the previous iteration is not reported.
     """
     _schedules_module()
     stages = _stages_of(schedule)
@@ -272,7 +287,7 @@ def instrument(
     if reporter is None:
         first = stages[0]
         reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)))
-    inst = Instrumentation(schedule, reporter, sync, record)
+    inst = Instrumentation(schedule, reporter, sync, record, min_report_ns=int(min_report_us * 1000))
     _install_hook()
     inst._undo.append(_remove_hook)
     for stage in stages:
