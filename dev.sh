@@ -27,6 +27,9 @@ setup() {
         if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
             "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
         fi
+        # DeepSpeed builds against the torch just installed (no isolated build env, which would
+        # fetch another torch); its tests run its pipeline engine on CPU with gloo.
+        "$VENV/bin/python" -m pip install --quiet --no-build-isolation "deepspeed==0.19.8" >&2
         "$VENV/bin/python" -m pip install --quiet -e ".[dev]" >&2
         echo "$want" > "$stamp"
     fi

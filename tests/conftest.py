@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from freeride.bench.trace import Segment
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess, replay
+from freeride.harness import AgentProcess, WindowCollector, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -91,3 +92,40 @@ class BackgroundTrainer:
         self._stop.set()
         self._thread.join(10)
         self._reporter.close()
+
+
+class Agents:
+    """One agent per rank, sockets side by side as a node's runtime directory would hold them."""
+
+    def __init__(self, root: Path, ranks: int = 4) -> None:
+        self.socket_dir = root
+        self.procs = [AgentProcess(state_dir=root / f"state{r}", gpu=r) for r in range(ranks)]
+        self.clients: list[Any] = []
+        self.collectors: list[WindowCollector] = []
+
+    def start(self) -> Agents:
+        for proc in self.procs:
+            proc.start()
+            client = proc.client()
+            task = client.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"}))
+            wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
+            self.clients.append(client)
+            self.collectors.append(WindowCollector(client))
+        return self
+
+    def stop(self) -> None:
+        for c in self.collectors:
+            c.close()
+        for c in self.clients:
+            c.close()
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[Agents]:
+    a = Agents(tmp_path).start()
+    try:
+        yield a
+    finally:
+        a.stop()

@@ -41,6 +41,7 @@ class PipelineConfig:
     socket_dir: str = ""  # agents' sockets (agent-gpu<LOCAL_RANK>.sock) when instrumenting
     record: bool = True
     alternate: bool = False  # instrument odd iterations only: plain and instrumented steps in one run
+    framework: str = "torch"  # or "deepspeed" (its PipelineEngine, 1F1B TrainSchedule)
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -81,7 +82,78 @@ def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
     return Block()
 
 
+def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
+            inst: Any) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().numpy().tobytes())
+    result: dict[str, Any] = {
+        "rank": rank,
+        "stage_ids": stage_ids,
+        "losses": losses,
+        "params_sha256": digest.hexdigest(),
+        "step_ms": [s / 1e6 for s in step_ns],
+        "bubbles": [],
+        "reporter_dropped": 0,
+    }
+    if inst is not None:
+        result["bubbles"] = [asdict(b) for b in inst.bubbles]
+        result["reporter_dropped"] = inst.reporter.dropped
+        inst.close()
+    return result
+
+
+def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from deepspeed.pipe import PipelineModule
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(cfg.seed)
+    layers = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(world)]
+    net = PipelineModule(layers=layers, num_stages=world, loss_fn=torch.nn.functional.mse_loss,
+                         partition_method="uniform")
+    ds_config = {
+        "train_batch_size": cfg.microbatches * cfg.microbatch_size,
+        "train_micro_batch_size_per_gpu": cfg.microbatch_size,
+        "gradient_accumulation_steps": cfg.microbatches,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+        "steps_per_print": 10**9,
+    }
+    params = [p for p in net.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=ds_config)
+    inst = None
+    if cfg.instrument:
+        from freeride.trainer.deepspeed import instrument
+
+        inst = instrument(engine, record=cfg.record)
+        inst.reporter.wait_connected(10)
+
+    def batches(it: int) -> Any:
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + it)
+        for _ in range(cfg.microbatches):
+            yield torch.randn(cfg.microbatch_size, cfg.dim, generator=gen), torch.randn(
+                cfg.microbatch_size, cfg.dim, generator=gen
+            )
+
+    losses: list[float] = []
+    step_ns: list[int] = []
+    for it in range(cfg.iterations):
+        if inst is not None and cfg.alternate:
+            inst.tracker.enabled = it % 2 == 1
+        t0 = time.monotonic_ns()
+        loss = engine.train_batch(iter(batches(it)))
+        step_ns.append(time.monotonic_ns() - t0)
+        losses.append(float(loss))
+    result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst)
+    dist.barrier()
+    return result
+
+
 def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
+    if cfg.framework == "deepspeed":
+        return run_rank_deepspeed(rank, world, cfg)
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -124,23 +196,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
         step_ns.append(time.monotonic_ns() - t0)
         if has_last:
             losses.append(float(torch.stack(mb_losses).sum()))
-    digest = hashlib.sha256()
-    for p in params:
-        digest.update(p.detach().numpy().tobytes())
-    result = {
-        "rank": rank,
-        "stage_ids": stage_ids,
-        "losses": losses,
-        "params_sha256": digest.hexdigest(),
-        "step_ms": [s / 1e6 for s in step_ns],
-        "waits_per_step": None,
-        "bubbles": [],
-        "reporter_dropped": 0,
-    }
-    if inst is not None:
-        result["bubbles"] = [asdict(b) for b in inst.bubbles]
-        result["reporter_dropped"] = inst.reporter.dropped
-        inst.close()
+    result = _result(rank, stage_ids, losses, params, step_ns, inst)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -159,7 +215,7 @@ def launch(cfg: PipelineConfig, out_dir: Path, timeout_s: float = 300.0) -> list
     procs = []
     for rank in range(cfg.stages):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(cfg.stages), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+                   WORLD_SIZE=str(cfg.stages), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
         if cfg.socket_dir:
             env["FREERIDE_SOCKET_DIR"] = cfg.socket_dir
         log = open(out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed after the process ends

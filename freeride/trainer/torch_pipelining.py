@@ -19,45 +19,24 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from freeride.errors import FreerideError
+from freeride.trainer._waits import BWD, FWD, BubbleRecord, WaitTracker
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
-from freeride.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
 
 TESTED_TORCH = ">=2.13,<2.14"
-BETWEEN_STEPS_SLOT = 1 << 20  # the gap between two step() calls: optimizer, data loading
 
-FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = (
-    trainer_pb2.BUBBLE_KIND_FILL,
-    trainer_pb2.BUBBLE_KIND_WARMUP,
-    trainer_pb2.BUBBLE_KIND_DRAIN,
-    trainer_pb2.BUBBLE_KIND_COOLDOWN,
-    trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS,
-)
-_FWD, _BWD = 1, 2
+__all__ = ["TESTED_TORCH", "BubbleRecord", "HookUnavailableError", "Instrumentation", "instrument"]
 
 
 class HookUnavailableError(FreerideError):
     """This torch version does not have the hook point freeride instruments."""
-
-
-@dataclass
-class BubbleRecord:
-    """One reported bubble, kept when `record=True` (tests, benchmarks, timelines)."""
-
-    iteration: int
-    slot: int
-    kind: int
-    start_ns: int
-    end_ns: int
-    reported: bool = True
 
 
 _local = threading.local()  # .active: the Instrumentation whose step() runs on this thread
@@ -66,35 +45,34 @@ _local = threading.local()  # .active: the Instrumentation whose step() runs on 
 @dataclass
 class Instrumentation:
     schedule: Any
-    reporter: BubbleReporter
-    sync: Callable[[], None] | None
-    record: bool = False
-    min_report_ns: int = 200_000
-    enabled: bool = True  # False: step() runs exactly as without freeride (for A/B measurements)
-    iteration: int = -1
-    bubbles: list[BubbleRecord] = field(default_factory=list)
-    waits_seen: int = 0
-    _ordinal: int = 0
-    _seen_bwd: bool = False
+    tracker: WaitTracker
     _tagged_ops: dict[int, int] = field(default_factory=dict)
     _tagged_works: dict[int, int] = field(default_factory=dict)
-    _after_step_ns: int = 0
-    _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _undo: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def reporter(self) -> BubbleReporter:
+        return self.tracker.reporter
+
+    @property
+    def bubbles(self) -> list[BubbleRecord]:
+        return self.tracker.bubbles
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracker.enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.tracker.enabled = value
 
     # -- the wrapped step() ------------------------------------------------------------------------
     def _run_step(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not self.enabled:
-            self._after_step_ns = 0
+        tracker = self.tracker
+        if not tracker.enabled:
+            tracker.skip_step()
             return original(*args, **kwargs)
-        now = time.monotonic_ns()
-        if self._after_step_ns:
-            self.reporter.end(BETWEEN_STEPS_SLOT, BETWEEN)
-            self._keep(BETWEEN_STEPS_SLOT, BETWEEN, self._after_step_ns, now)
-        self.iteration += 1
-        self.reporter.set_iteration(self.iteration)
-        self._ordinal = 0
-        self._seen_bwd = False
+        tracker.begin_step()
         self._tagged_ops.clear()
         self._tagged_works.clear()
         previous = getattr(_local, "active", None)
@@ -103,11 +81,8 @@ class Instrumentation:
             return original(*args, **kwargs)
         finally:
             _local.active = previous
-            if self.sync is not None:
-                self.sync()
-            self._after_step_ns = time.monotonic_ns()
-            self.reporter.start(BETWEEN_STEPS_SLOT, BETWEEN)
-            if self.iteration == 0:
+            tracker.end_step()
+            if tracker.iteration == 0:
                 self._check_fired()
 
     def _check_fired(self) -> None:
@@ -115,7 +90,7 @@ class Instrumentation:
         import torch
         import torch.distributed as dist
 
-        if self.waits_seen == 0 and dist.is_initialized() and dist.get_world_size() > 1:
+        if self.tracker.waits_seen == 0 and dist.is_initialized() and dist.get_world_size() > 1:
             log.error(
                 "freeride saw no pipeline wait in the first step() with torch %s (tested: %s): "
                 "bubbles are not reported; instrumentation removed",
@@ -139,41 +114,7 @@ class Instrumentation:
         if not works:
             return original(works)
         direction = self._tagged_works.pop(id(works), 0)
-        slot = self._ordinal
-        self._ordinal += 1
-        self.waits_seen += 1
-        kind = self._kind(direction)
-        # A wait that was too short to harvest last iteration is not reported (it keeps its slot
-        # number): a side task could not use it, and every edge costs the agent some CPU.
-        report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
-        if self.sync is not None:
-            self.sync()  # the GPU has finished what was queued before the wait
-        start = time.monotonic_ns()
-        if report:
-            self.reporter.start(slot, kind)
-        try:
-            original(works)
-            if self.sync is not None:
-                self.sync()  # the received data has landed
-        finally:
-            end = time.monotonic_ns()
-            if report:
-                self.reporter.end(slot, kind)
-            self._last_ns[slot] = end - start
-            self._keep(slot, kind, start, end, report)
-
-    def _kind(self, direction: int) -> int:
-        if direction & _BWD:
-            kind = COOLDOWN if self._seen_bwd else WARMUP
-            self._seen_bwd = True
-            return kind
-        if direction & _FWD:
-            return COOLDOWN if self._seen_bwd else FILL
-        return DRAIN  # only sends: waiting for a neighbour to take what this stage produced
-
-    def _keep(self, slot: int, kind: int, start: int, end: int, reported: bool = True) -> None:
-        if self.record:
-            self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))
+        return self.tracker.wait(direction, lambda: original(works))
 
     def undo(self) -> None:
         """Restore the schedule and the stages; the shared module hook stays while others use it."""
@@ -287,11 +228,11 @@ def instrument(
     if reporter is None:
         first = stages[0]
         reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)))
-    inst = Instrumentation(schedule, reporter, sync, record, min_report_ns=int(min_report_us * 1000))
+    inst = Instrumentation(schedule, WaitTracker(reporter, sync, record, int(min_report_us * 1000)))
     _install_hook()
     inst._undo.append(_remove_hook)
     for stage in stages:
-        for name, direction in (("get_fwd_recv_ops", _FWD), ("get_bwd_recv_ops", _BWD)):
+        for name, direction in (("get_fwd_recv_ops", FWD), ("get_bwd_recv_ops", BWD)):
             bound = getattr(stage, name)
 
             def tagged(*a: Any, _bound: Any = bound, _direction: int = direction, **k: Any) -> list[Any]:

@@ -9,57 +9,19 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Agents
 
 from freeride.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
 from freeride.bench.trace import simulate_iteration
-from freeride.harness import AgentProcess, WindowCollector, wait_for_task
-from freeride.v1 import tasks_pb2, trainer_pb2
+from freeride.v1 import trainer_pb2
 
 P, M, F_MS, B_MS = 4, 4, 10.0, 20.0
 SIGNIFICANT_MS = 7.0  # below F: waits on sends and bookkeeping, which the simple model leaves out
 BETWEEN = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
-
-
-class Agents:
-    """One agent per rank, sockets side by side as a node's runtime directory would hold them."""
-
-    def __init__(self, root: Path) -> None:
-        self.socket_dir = root
-        self.procs = [AgentProcess(state_dir=root / f"state{r}", gpu=r) for r in range(P)]
-        self.clients: list[Any] = []
-        self.collectors: list[WindowCollector] = []
-
-    def start(self) -> Agents:
-        for proc in self.procs:
-            proc.start()
-            client = proc.client()
-            task = client.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"}))
-            wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
-            self.clients.append(client)
-            self.collectors.append(WindowCollector(client))
-        return self
-
-    def stop(self) -> None:
-        for c in self.collectors:
-            c.close()
-        for c in self.clients:
-            c.close()
-        for proc in self.procs:
-            proc.stop()
-
-
-@pytest.fixture
-def agents(tmp_path: Path) -> Iterator[Agents]:
-    a = Agents(tmp_path).start()
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 def per_iteration(result: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:

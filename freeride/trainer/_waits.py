@@ -1,0 +1,116 @@
+"""What every framework integration does around a pipeline wait: number it, classify it, report it.
+
+A framework hook calls `begin_step()` / `end_step()` around one training iteration and wraps
+each blocking receive in `wait(direction, fn)`. The k-th wait of a step is slot k, so the same
+bubble gets the same slot in every iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import trainer_pb2
+
+T = TypeVar("T")
+
+BETWEEN_STEPS_SLOT = 1 << 20  # the gap between two steps: optimizer, data loading
+FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = (
+    trainer_pb2.BUBBLE_KIND_FILL,
+    trainer_pb2.BUBBLE_KIND_WARMUP,
+    trainer_pb2.BUBBLE_KIND_DRAIN,
+    trainer_pb2.BUBBLE_KIND_COOLDOWN,
+    trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS,
+)
+FWD, BWD, END_OF_STEP = 1, 2, 4  # what a wait receives: activations, gradients, or the step's end
+
+
+@dataclass
+class BubbleRecord:
+    """One bubble, kept when recording (tests, benchmarks, timelines)."""
+
+    iteration: int
+    slot: int
+    kind: int
+    start_ns: int
+    end_ns: int
+    reported: bool = True
+
+
+@dataclass
+class WaitTracker:
+    reporter: BubbleReporter
+    sync: Callable[[], None] | None = None  # CUDA: synchronise the stream at bubble edges
+    record: bool = False
+    min_report_ns: int = 200_000
+    enabled: bool = True  # False: steps run exactly as without freeride (for A/B measurements)
+    iteration: int = -1
+    waits_seen: int = 0
+    bubbles: list[BubbleRecord] = field(default_factory=list)
+    _ordinal: int = 0
+    _seen_bwd: bool = False
+    _after_step_ns: int = 0
+    _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
+
+    def begin_step(self) -> None:
+        now = time.monotonic_ns()
+        if self._after_step_ns:
+            self.reporter.end(BETWEEN_STEPS_SLOT, BETWEEN)
+            self._keep(BETWEEN_STEPS_SLOT, BETWEEN, self._after_step_ns, now, True)
+        self.iteration += 1
+        self.reporter.set_iteration(self.iteration)
+        self._ordinal = 0
+        self._seen_bwd = False
+
+    def end_step(self) -> None:
+        if self.sync is not None:
+            self.sync()
+        self._after_step_ns = time.monotonic_ns()
+        self.reporter.start(BETWEEN_STEPS_SLOT, BETWEEN)
+
+    def skip_step(self) -> None:
+        """A step run with `enabled` False: the next step has no between-steps gap to report."""
+        self._after_step_ns = 0
+
+    def wait(self, direction: int, fn: Callable[[], T]) -> T:
+        slot = self._ordinal
+        self._ordinal += 1
+        self.waits_seen += 1
+        kind = self._kind(direction)
+        # A wait that was too short to harvest last iteration is not reported (it keeps its slot
+        # number): a side task could not use it, and every edge costs the agent some CPU.
+        report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
+        if self.sync is not None:
+            self.sync()  # the GPU has finished what was queued before the wait
+        start = time.monotonic_ns()
+        if report:
+            self.reporter.start(slot, kind)
+        try:
+            result = fn()
+            if self.sync is not None:
+                self.sync()  # the received data has landed
+        finally:
+            end = time.monotonic_ns()
+            if report:
+                self.reporter.end(slot, kind)
+            self._last_ns[slot] = end - start
+            self._keep(slot, kind, start, end, report)
+        return result
+
+    def _kind(self, direction: int) -> int:
+        if direction & END_OF_STEP:
+            return DRAIN
+        if direction & BWD:
+            kind = COOLDOWN if self._seen_bwd else WARMUP
+            self._seen_bwd = True
+            return kind
+        if direction & FWD:
+            return COOLDOWN if self._seen_bwd else FILL
+        return DRAIN  # only sends: waiting for a neighbour to take what this stage produced
+
+    def _keep(self, slot: int, kind: int, start: int, end: int, reported: bool) -> None:
+        if self.record:
+            self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))

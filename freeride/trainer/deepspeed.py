@@ -1,0 +1,193 @@
+"""Instrument a DeepSpeed PipelineEngine: its receives and its end-of-batch drain become bubbles.
+
+    from freeride.trainer.deepspeed import instrument
+    engine, *_ = deepspeed.initialize(model=pipeline_module, ...)
+    handle = instrument(engine)   # finds the agent of this rank's GPU; handle.undo() to stop
+
+`PipelineEngine._exec_schedule` looks instructions up in `_INSTRUCTION_MAP`, a class attribute
+that holds the functions captured when the class was defined, so overriding a method does
+nothing. This module gives the engine instance its own map with the receive (and send)
+instructions wrapped, and wraps `train_batch` (one iteration). The drain (a stage that finished its last
+backward waiting for the others) hides in the optimizer step: gradient clipping all-reduces the
+global gradient norm across the pipeline, so `deepspeed.comm.all_reduce` is wrapped while this
+engine's OptimizerStep runs, and `_aggregate_total_loss` (the loss broadcast) is wrapped too.
+Nothing changes for other engines in the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from freeride.errors import FreerideError
+from freeride.trainer._waits import BWD, END_OF_STEP, FWD, BubbleRecord, WaitTracker
+from freeride.trainer.connect import connect
+from freeride.trainer.reporter import BubbleReporter
+
+TESTED_DEEPSPEED = ">=0.19,<0.20"
+
+__all__ = ["TESTED_DEEPSPEED", "DeepSpeedInstrumentation", "instrument"]
+
+
+class DeepSpeedHookError(FreerideError):
+    """This DeepSpeed version does not have the hook points freeride instruments."""
+
+
+_local = threading.local()  # .optimizer_step: the instrumentation whose OptimizerStep runs here
+_hook_lock = threading.Lock()
+_hook_users = 0
+_original_all_reduce: Callable[..., Any] | None = None
+
+
+def _install_all_reduce_hook() -> None:
+    global _hook_users, _original_all_reduce
+    from deepspeed import comm
+
+    with _hook_lock:
+        _hook_users += 1
+        if _hook_users > 1:
+            return
+        original = _original_all_reduce = comm.all_reduce
+
+        @functools.wraps(original)
+        def all_reduce(*args: Any, **kwargs: Any) -> Any:
+            inst = getattr(_local, "optimizer_step", None)
+            if inst is None or not inst.tracker.enabled:
+                return original(*args, **kwargs)
+            return inst.tracker.wait(END_OF_STEP, lambda: original(*args, **kwargs))
+
+        comm.all_reduce = all_reduce
+
+
+def _remove_all_reduce_hook() -> None:
+    global _hook_users, _original_all_reduce
+    from deepspeed import comm
+
+    with _hook_lock:
+        _hook_users -= 1
+        if _hook_users == 0 and _original_all_reduce is not None:
+            comm.all_reduce = _original_all_reduce
+            _original_all_reduce = None
+
+
+@dataclass
+class DeepSpeedInstrumentation:
+    engine: Any
+    tracker: WaitTracker
+    _undo: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def reporter(self) -> BubbleReporter:
+        return self.tracker.reporter
+
+    @property
+    def bubbles(self) -> list[BubbleRecord]:
+        return self.tracker.bubbles
+
+    def _train_batch(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self.tracker.enabled:
+            self.tracker.skip_step()
+            return original(*args, **kwargs)
+        self.tracker.begin_step()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.tracker.end_step()
+
+    def _around(self, direction: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if not self.tracker.enabled:
+                return fn(*args, **kwargs)
+            return self.tracker.wait(direction, lambda: fn(*args, **kwargs))
+
+        return wrapped
+
+    def _optimizer_step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            previous = getattr(_local, "optimizer_step", None)
+            _local.optimizer_step = self
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _local.optimizer_step = previous
+
+        return wrapped
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def close(self) -> None:
+        self.undo()
+        self.reporter.close()
+
+
+def instrument(
+    engine: Any,
+    reporter: BubbleReporter | None = None,
+    *,
+    agent: str | None = None,
+    sync_cuda: bool | None = None,
+    record: bool = False,
+    min_report_us: float = 200.0,
+) -> DeepSpeedInstrumentation:
+    """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU."""
+    try:
+        from deepspeed.runtime.pipe import schedule as ds_schedule
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+    except ImportError as exc:
+        raise DeepSpeedHookError(f"DeepSpeed's pipeline engine is not importable: {exc}") from None
+    if not isinstance(engine, PipelineEngine):
+        raise DeepSpeedHookError(f"{type(engine).__name__} is not a DeepSpeed PipelineEngine")
+    base_map = getattr(type(engine), "_INSTRUCTION_MAP", None)
+    if not isinstance(base_map, dict) or not all(
+        hasattr(ds_schedule, n) and getattr(ds_schedule, n) in base_map for n in ("RecvActivation", "RecvGrad")
+    ):
+        import deepspeed
+
+        raise DeepSpeedHookError(
+            f"DeepSpeed {deepspeed.__version__} has no PipelineEngine._INSTRUCTION_MAP with RecvActivation and "
+            f"RecvGrad; freeride's hook is tested with DeepSpeed {TESTED_DEEPSPEED}"
+        )
+    sync = None
+    device = getattr(engine, "device", None)
+    if (sync_cuda is None or sync_cuda) and getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        sync = lambda: torch.cuda.current_stream(device).synchronize()  # noqa: E731
+    if reporter is None:
+        reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)))
+    inst = DeepSpeedInstrumentation(engine, WaitTracker(reporter, sync, record, int(min_report_us * 1000)))
+    wrapped = {
+        ds_schedule.RecvActivation: inst._around(FWD, base_map[ds_schedule.RecvActivation]),
+        ds_schedule.RecvGrad: inst._around(BWD, base_map[ds_schedule.RecvGrad]),
+    }
+    # A send blocks until the neighbour takes the data when the backend is gloo (NCCL sends are
+    # asynchronous on the stream): that wait is idle time too.
+    for name in ("SendActivation", "SendGrad"):
+        cls = getattr(ds_schedule, name, None)
+        if cls in base_map:
+            wrapped[cls] = inst._around(0, base_map[cls])
+    if getattr(ds_schedule, "OptimizerStep", None) in base_map:
+        wrapped[ds_schedule.OptimizerStep] = inst._optimizer_step(base_map[ds_schedule.OptimizerStep])
+        _install_all_reduce_hook()
+        inst._undo.append(_remove_all_reduce_hook)
+    engine._INSTRUCTION_MAP = {**base_map, **wrapped}
+    inst._undo.append(functools.partial(_restore, engine, "_INSTRUCTION_MAP"))
+    if not engine.is_last_stage():
+        aggregate = engine._aggregate_total_loss
+        engine._aggregate_total_loss = inst._around(END_OF_STEP, aggregate)
+        inst._undo.append(functools.partial(_restore, engine, "_aggregate_total_loss"))
+    engine.train_batch = functools.partial(inst._train_batch, engine.train_batch)
+    inst._undo.append(functools.partial(_restore, engine, "train_batch"))
+    return inst
+
+
+def _restore(obj: Any, name: str) -> None:
+    """Drop the instance attribute that shadowed the class's."""
+    obj.__dict__.pop(name, None)

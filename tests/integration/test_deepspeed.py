@@ -1,0 +1,55 @@
+"""A real 4-rank DeepSpeed PipelineEngine run (CPU, gloo) reports its bubbles to an agent per rank."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from conftest import Agents
+
+from freeride.bench.pipeline import PipelineConfig, launch
+from freeride.v1 import trainer_pb2
+
+P, M, F_MS, B_MS = 4, 4, 10.0, 20.0
+BETWEEN = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
+
+
+def config(**overrides: Any) -> PipelineConfig:
+    base = {"framework": "deepspeed", "stages": P, "microbatches": M, "forward_ms": F_MS, "backward_ms": B_MS,
+            "iterations": 6}
+    return PipelineConfig(**{**base, **overrides})
+
+
+def test_deepspeed_receives_and_drain_are_reported_every_iteration(agents: Agents, tmp_path: Path) -> None:
+    results = launch(config(instrument=True, socket_dir=str(agents.socket_dir)), tmp_path / "run")
+    compute_ms = M * (F_MS + B_MS)
+    for r, res in enumerate(results):
+        iters: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for b in res["bubbles"]:
+            if b["kind"] != BETWEEN:
+                iters[b["iteration"]].append(b)
+        shapes = {tuple((b["slot"], b["kind"]) for b in iters[it]) for it in range(1, 6)}
+        assert len(shapes) == 1, f"rank {r}: waits differ between iterations"
+        kinds = [kind for _, kind in next(iter(shapes))]
+        if r > 0:
+            assert kinds[0] == trainer_pb2.BUBBLE_KIND_FILL
+        if r < P - 1:
+            assert trainer_pb2.BUBBLE_KIND_WARMUP in kinds  # waits for the first gradient
+            assert kinds[-1] == trainer_pb2.BUBBLE_KIND_DRAIN  # waits for the last stage at the end
+        for it in range(2, 6):
+            idle = sum((b["end_ns"] - b["start_ns"]) / 1e6 for b in iters[it])
+            step = res["step_ms"][it]
+            assert abs((step - compute_ms) - idle) <= max(20.0, 0.2 * step), (r, it, step, idle)
+        gpu = agents.clients[r].stats().gpu
+        assert gpu.bubbles == sum(b["reported"] for v in iters.values() for b in v)
+        assert res["reporter_dropped"] == 0
+
+
+def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: Agents, tmp_path: Path) -> None:
+    plain = launch(config(iterations=5), tmp_path / "plain")
+    instrumented = launch(config(iterations=5, instrument=True, socket_dir=str(agents.socket_dir)), tmp_path / "inst")
+    for a, b in zip(plain, instrumented, strict=True):
+        assert a["params_sha256"] == b["params_sha256"]
+        assert a["losses"] == b["losses"]
+    assert plain[-1]["losses"]
