@@ -264,6 +264,7 @@ class Agent:
                 uptime_s=(self._clock() - self.started_ns) / 1e9,
                 dropped_events=self.dropped_events,
                 rejected_events=self.rejected_events,
+                trainer_free_memory_bytes=self.scheduler.trainer_free_memory_bytes,
                 trainers=self.trainers,
                 event_delay_us_p50=delays[len(delays) // 2] / 1e3 if delays else 0.0,
                 event_delay_us_p99=delays[int(len(delays) * 0.99)] / 1e3 if delays else 0.0,

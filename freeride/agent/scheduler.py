@@ -117,6 +117,7 @@ class Scheduler:
         self.gpu = Counters()
         self.prediction_errors: deque[float] = deque(maxlen=1024)
         self.event_delays_ns: deque[int] = deque(maxlen=1024)
+        self.trainer_free_memory_bytes = 0
 
     # -- trainer side ------------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
@@ -141,6 +142,8 @@ class Scheduler:
         return p
 
     def _on_start(self, ev: trainer_pb2.BubbleEvent) -> None:
+        if ev.free_memory_bytes > 0:
+            self.trainer_free_memory_bytes = ev.free_memory_bytes
         stale = self._bubbles.pop(ev.rank, None)
         if stale is not None and stale.window is not None:
             self._close(stale.window, end_ns=0)  # its END was lost: account up to the prediction

@@ -47,6 +47,7 @@ class WaitTracker:
     record: bool = False
     min_report_ns: int = 200_000
     enabled: bool = True  # False: steps run exactly as without freeride (for A/B measurements)
+    free_memory: Callable[[], int] | None = None  # CUDA: bytes the trainer leaves free on its GPU
     iteration: int = -1
     waits_seen: int = 0
     bubbles: list[BubbleRecord] = field(default_factory=list)
@@ -54,6 +55,7 @@ class WaitTracker:
     _seen_bwd: bool = False
     _after_step_ns: int = 0
     _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
+    _free_bytes: int = 0
 
     def begin_step(self) -> None:
         now = time.monotonic_ns()
@@ -64,6 +66,8 @@ class WaitTracker:
         self.reporter.set_iteration(self.iteration)
         self._ordinal = 0
         self._seen_bwd = False
+        if self.free_memory is not None:
+            self._free_bytes = self.free_memory()
 
     def end_step(self) -> None:
         if self.sync is not None:
@@ -76,6 +80,14 @@ class WaitTracker:
         self._after_step_ns = 0
 
     def wait(self, direction: int, fn: Callable[[], T]) -> T:
+        token = self.begin_wait(direction)
+        try:
+            return fn()
+        finally:
+            self.end_wait(token)
+
+    def begin_wait(self, direction: int) -> tuple[int, int, int, bool]:
+        """The rank is about to block on a peer; pass the result to end_wait()."""
         slot = self._ordinal
         self._ordinal += 1
         self.waits_seen += 1
@@ -87,18 +99,18 @@ class WaitTracker:
             self.sync()  # the GPU has finished what was queued before the wait
         start = time.monotonic_ns()
         if report:
-            self.reporter.start(slot, kind)
-        try:
-            result = fn()
-            if self.sync is not None:
-                self.sync()  # the received data has landed
-        finally:
-            end = time.monotonic_ns()
-            if report:
-                self.reporter.end(slot, kind)
-            self._last_ns[slot] = end - start
-            self._keep(slot, kind, start, end, report)
-        return result
+            self.reporter.start(slot, kind, free_memory_bytes=self._free_bytes)
+        return slot, kind, start, report
+
+    def end_wait(self, token: tuple[int, int, int, bool]) -> None:
+        slot, kind, start, report = token
+        if self.sync is not None:
+            self.sync()  # the received data has landed
+        end = time.monotonic_ns()
+        if report:
+            self.reporter.end(slot, kind)
+        self._last_ns[slot] = end - start
+        self._keep(slot, kind, start, end, report)
 
     def _kind(self, direction: int) -> int:
         if direction & END_OF_STEP:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freeride.errors import FreerideError
+from freeride.trainer._cuda import free_memory, stream_sync
 from freeride.trainer._waits import BWD, END_OF_STEP, FWD, BubbleRecord, WaitTracker
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
@@ -154,15 +155,12 @@ def instrument(
             f"DeepSpeed {deepspeed.__version__} has no PipelineEngine._INSTRUCTION_MAP with RecvActivation and "
             f"RecvGrad; freeride's hook is tested with DeepSpeed {TESTED_DEEPSPEED}"
         )
-    sync = None
     device = getattr(engine, "device", None)
-    if (sync_cuda is None or sync_cuda) and getattr(device, "type", "cpu") == "cuda":
-        import torch
-
-        sync = lambda: torch.cuda.current_stream(device).synchronize()  # noqa: E731
     if reporter is None:
         reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)))
-    inst = DeepSpeedInstrumentation(engine, WaitTracker(reporter, sync, record, int(min_report_us * 1000)))
+    tracker = WaitTracker(reporter, stream_sync(device, sync_cuda), record, int(min_report_us * 1000),
+                          free_memory=free_memory(device))
+    inst = DeepSpeedInstrumentation(engine, tracker)
     wrapped = {
         ds_schedule.RecvActivation: inst._around(FWD, base_map[ds_schedule.RecvActivation]),
         ds_schedule.RecvGrad: inst._around(BWD, base_map[ds_schedule.RecvGrad]),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freeride.errors import FreerideError
+from freeride.trainer._cuda import free_memory, stream_sync
 from freeride.trainer._waits import BWD, FWD, BubbleRecord, WaitTracker
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
@@ -197,15 +198,6 @@ def _stages_of(schedule: Any) -> list[Any]:
     return list(stages)
 
 
-def _cuda_sync(stages: list[Any]) -> Callable[[], None] | None:
-    device = getattr(stages[0], "device", None)
-    if device is None or getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
-
-    return lambda: torch.cuda.current_stream(device).synchronize()
-
-
 def instrument(
     schedule: Any,
     reporter: BubbleReporter | None = None,
@@ -224,11 +216,13 @@ def instrument(
     """
     _schedules_module()
     stages = _stages_of(schedule)
-    sync = _cuda_sync(stages) if sync_cuda in (None, True) else None
+    device = getattr(stages[0], "device", None)
+    sync = stream_sync(device, sync_cuda)
     if reporter is None:
         first = stages[0]
         reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)))
-    inst = Instrumentation(schedule, WaitTracker(reporter, sync, record, int(min_report_us * 1000)))
+    tracker = WaitTracker(reporter, sync, record, int(min_report_us * 1000), free_memory=free_memory(device))
+    inst = Instrumentation(schedule, tracker)
     _install_hook()
     inst._undo.append(_remove_hook)
     for stage in stages:

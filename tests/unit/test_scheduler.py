@@ -574,3 +574,11 @@ def test_a_task_that_goes_idle_late_takes_the_window_that_opened_while_it_was_bu
     h.now = t + PERIOD + 1 * MS
     h.done("a", w1, idle_ns=h.now)
     assert len(port.grants()) == 2 and port.grants()[-1][1] != w1
+
+
+def test_the_trainers_free_memory_hint_is_kept_for_admission(h: Harness) -> None:
+    h.sched.on_bubble(trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_START, slot=0, time_ns=1,
+                                              free_memory_bytes=12 << 30))
+    assert h.sched.trainer_free_memory_bytes == 12 << 30
+    h.start(2 * PERIOD)  # an edge without the hint keeps the last one
+    assert h.sched.trainer_free_memory_bytes == 12 << 30

@@ -1,0 +1,179 @@
+"""Instrument Megatron-Core's pipeline schedules through `config.timers`: no change to Megatron code.
+
+    from freeride.trainer.megatron import instrument
+    handle = instrument(config)   # the ModelParallelConfig handed to the forward-backward function
+    ...
+    handle.undo()
+
+Every P2P call in `megatron.core.pipeline_parallel.p2p_communication` runs between
+`config.timers("<name>", log_level=2).start()` and `.stop()` (`forward-recv`, `backward-recv`,
+`forward-send-backward-recv`, ...), and the whole step between `forward-backward` start and
+stop. A timers object that turns the receiving calls into bubble edges and the step into an
+iteration is all it takes; an existing timers object keeps working (calls are forwarded).
+With the default `batch_p2p_sync=True`, Megatron synchronises the device after each receive,
+so the CPU-side END is GPU-accurate; START synchronises the stream first so that it marks the
+moment the GPU drained. Megatron's pipeline schedules need CUDA (its receive buffers live on the
+current device), so this path is tested here with Megatron's call sequence, not with Megatron.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from freeride.trainer._cuda import free_memory, stream_sync
+from freeride.trainer._waits import BWD, FWD, BubbleRecord, WaitTracker
+from freeride.trainer.connect import connect
+from freeride.trainer.reporter import BubbleReporter
+
+STEP_TIMER = "forward-backward"
+#: Megatron-Core's P2P timer names that wait for data, and what they receive.
+RECEIVING_TIMERS = {
+    "forward-recv": FWD,
+    "backward-recv": BWD,
+    "forward-send-backward-recv": BWD,
+    "backward-send-forward-recv": FWD,
+    "forward-send-forward-recv": FWD,
+    "backward-send-backward-recv": BWD,
+    "forward-backward-send-forward-backward-recv": FWD | BWD,
+}
+
+__all__ = ["RECEIVING_TIMERS", "MegatronInstrumentation", "instrument"]
+
+
+class _NullTimer:
+    def start(self, barrier: bool = False) -> None:
+        pass
+
+    def stop(self, barrier: bool = False) -> None:
+        pass
+
+
+class _EdgeTimer:
+    """One named timer: forwards to Megatron's own timer and reports the wait around it."""
+
+    def __init__(self, owner: FreerideTimers, name: str, inner: Any) -> None:
+        self._owner = owner
+        self._name = name
+        self._inner = inner
+        self._token: tuple[int, int, int, bool] | None = None
+
+    def start(self, barrier: bool = False) -> None:
+        self._inner.start(barrier=barrier)
+        self._owner._started(self)
+
+    def stop(self, barrier: bool = False) -> None:
+        self._owner._stopped(self)
+        self._inner.stop(barrier=barrier)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class FreerideTimers:
+    """A Megatron `timers` callable that also reports bubbles; everything else goes to `inner`."""
+
+    def __init__(self, tracker: WaitTracker, inner: Any = None) -> None:
+        self.tracker = tracker
+        self.inner = inner
+        self._timers: dict[str, _EdgeTimer] = {}
+
+    def __call__(self, name: str, log_level: int | None = None) -> _EdgeTimer:
+        timer = self._timers.get(name)
+        if timer is None:
+            if self.inner is None:
+                inner: Any = _NullTimer()
+            elif log_level is None:
+                inner = self.inner(name)
+            else:
+                inner = self.inner(name, log_level=log_level)
+            timer = self._timers[name] = _EdgeTimer(self, name, inner)
+        return timer
+
+    def __getattr__(self, name: str) -> Any:  # log(), write(), ... of Megatron's Timers
+        if self.inner is None:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _started(self, timer: _EdgeTimer) -> None:
+        t = self.tracker
+        if not t.enabled:
+            return
+        if timer._name == STEP_TIMER:
+            t.begin_step()
+        elif timer._name in RECEIVING_TIMERS:
+            timer._token = t.begin_wait(RECEIVING_TIMERS[timer._name])
+
+    def _stopped(self, timer: _EdgeTimer) -> None:
+        t = self.tracker
+        if timer._token is not None:
+            t.end_wait(timer._token)
+            timer._token = None
+        elif timer._name == STEP_TIMER and t.enabled:
+            t.end_step()
+
+
+@dataclass
+class MegatronInstrumentation:
+    config: Any
+    timers: FreerideTimers
+    _previous: Any
+
+    @property
+    def tracker(self) -> WaitTracker:
+        return self.timers.tracker
+
+    @property
+    def reporter(self) -> BubbleReporter:
+        return self.timers.tracker.reporter
+
+    @property
+    def bubbles(self) -> list[BubbleRecord]:
+        return self.timers.tracker.bubbles
+
+    def undo(self) -> None:
+        if self.config.timers is self.timers:
+            self.config.timers = self._previous
+
+    def close(self) -> None:
+        self.undo()
+        self.reporter.close()
+
+
+def instrument(
+    config: Any,
+    reporter: BubbleReporter | None = None,
+    *,
+    agent: str | None = None,
+    device: Any = None,
+    record: bool = False,
+    min_report_us: float = 200.0,
+    stage: int = 0,
+) -> MegatronInstrumentation:
+    """Report the bubbles of the Megatron-Core schedules that use `config` (a ModelParallelConfig).
+
+    `device`: the rank's CUDA device (default: the current one, when CUDA is available).
+    """
+    if not hasattr(config, "timers"):
+        raise TypeError(f"{type(config).__name__} has no `timers` attribute: pass Megatron's ModelParallelConfig")
+    if device is None:
+        device = _current_cuda_device()
+    if reporter is None:
+        reporter = connect(agent, stage=stage)
+    sync: Callable[[], None] | None = stream_sync(device)
+    tracker = WaitTracker(reporter, sync, record, int(min_report_us * 1000), free_memory=free_memory(device))
+    previous = config.timers
+    timers = FreerideTimers(tracker, previous)
+    config.timers = timers
+    return MegatronInstrumentation(config, timers, previous)
+
+
+def _current_cuda_device() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
