@@ -29,7 +29,8 @@ SCHEDULES = SINGLE + LOOPED + V_SHAPED
 @dataclass(frozen=True)
 class PipelineConfig:
     schedule: str = "1F1B"
-    stages: int = 4  # ranks
+    stages: int = 4  # ranks per pipeline
+    data_parallel: int = 1  # pipelines side by side (torch only): world = stages * data_parallel
     microbatches: int = 4
     forward_ms: float = 10.0
     backward_ms: float = 20.0
@@ -161,10 +162,16 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(cfg.seed)
     device = torch.device("cpu")
+    # Ranks [d*P, (d+1)*P) form pipeline d; ranks with the same stage across pipelines form a DP group.
+    replica, pp_rank = divmod(rank, cfg.stages)
+    pp_groups = [dist.new_group(list(range(d * cfg.stages, (d + 1) * cfg.stages))) for d in range(cfg.data_parallel)]
+    dp_groups = [dist.new_group(list(range(s, world, cfg.stages))) for s in range(cfg.stages)]
+    pp_group = pp_groups[replica] if cfg.data_parallel > 1 else None
+    dp_group = dp_groups[pp_rank] if cfg.data_parallel > 1 else None
     # Build every stage's module from one seed so weights do not depend on the rank layout.
     modules = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.num_stages)]
-    stage_ids = cfg.stage_ids(rank)
-    stages = [pipelining.PipelineStage(modules[s], s, cfg.num_stages, device) for s in stage_ids]
+    stage_ids = cfg.stage_ids(pp_rank)
+    stages = [pipelining.PipelineStage(modules[s], s, cfg.num_stages, device, group=pp_group) for s in stage_ids]
     params = [p for s in stage_ids for p in modules[s].parameters()]
     optimizer = torch.optim.SGD(params, lr=0.05)
     cls = pipelining.schedules.get_schedule_class(cfg.schedule)
@@ -182,7 +189,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
     step_ns: list[int] = []
     batch = cfg.microbatches * cfg.microbatch_size
     for it in range(cfg.iterations):
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + it)
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + it * cfg.data_parallel + replica)
         x = torch.randn(batch, cfg.dim, generator=gen)
         target = torch.randn(batch, cfg.dim, generator=gen)
         if inst is not None and cfg.alternate:
@@ -192,6 +199,10 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
         t0 = time.monotonic_ns()
         args = (x,) if has_first else ()
         schedule.step(*args, target=target if has_last else None, losses=mb_losses if has_last else None)
+        if dp_group is not None:  # data parallelism: average the gradients of the replicas
+            for p in params:
+                dist.all_reduce(p.grad, group=dp_group)
+                p.grad /= cfg.data_parallel
         optimizer.step()
         step_ns.append(time.monotonic_ns() - t0)
         if has_last:
@@ -213,14 +224,15 @@ def launch(cfg: PipelineConfig, out_dir: Path, timeout_s: float = 300.0) -> list
     out_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
-    for rank in range(cfg.stages):
+    world = cfg.stages * cfg.data_parallel
+    for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(cfg.stages), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
         if cfg.socket_dir:
             env["FREERIDE_SOCKET_DIR"] = cfg.socket_dir
         log = open(out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed after the process ends
         procs.append((subprocess.Popen(
-            [sys.executable, "-m", "freeride.bench.pipeline", "--rank", str(rank), "--world", str(cfg.stages),
+            [sys.executable, "-m", "freeride.bench.pipeline", "--rank", str(rank), "--world", str(world),
              "--config", json.dumps(asdict(cfg)), "--out", str(out_dir / f"rank{rank}.json")],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         ), log))
@@ -241,7 +253,7 @@ def launch(cfg: PipelineConfig, out_dir: Path, timeout_s: float = 300.0) -> list
             f"rank {r}: " + (out_dir / f"rank{r}.log").read_text(errors="replace")[-2000:] for r in failed
         )
         raise RuntimeError(f"pipeline ranks {failed} failed:\n{tails}")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(cfg.stages)]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def main(argv: list[str] | None = None) -> int:

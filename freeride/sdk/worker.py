@@ -109,8 +109,14 @@ class _Gate:
                     self.close(pb.WINDOW_END_REASON_NO_FIT)
                     continue
                 return
-            if word.open and word.window_id != self._last_wid:
-                self._wid, self._until_ns = word.window_id, word.until_ns
+            if word.window_id > self._last_wid:
+                if word.open:
+                    self._wid, self._until_ns = word.window_id, word.until_ns
+                    continue
+                # Granted and revoked before this worker woke up: say so, or the agent would
+                # keep the task marked busy with a window it never ran in.
+                self._wid = word.window_id
+                self.close(pb.WINDOW_END_REASON_REVOKED)
                 continue
             if s.control == pb.CONTROL_ACTION_CHECKPOINT:
                 s.control = pb.CONTROL_ACTION_UNSPECIFIED
