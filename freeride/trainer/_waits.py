@@ -45,7 +45,7 @@ class WaitTracker:
     reporter: BubbleReporter
     sync: Callable[[], None] | None = None  # CUDA: synchronise the stream at bubble edges
     record: bool = False
-    min_report_ns: int = 200_000
+    min_report_ns: int = 1_000_000
     enabled: bool = True  # False: steps run exactly as without freeride (for A/B measurements)
     free_memory: Callable[[], int] | None = None  # CUDA: bytes the trainer leaves free on its GPU
     iteration: int = -1

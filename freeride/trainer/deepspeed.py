@@ -135,7 +135,7 @@ def instrument(
     agent: str | None = None,
     sync_cuda: bool | None = None,
     record: bool = False,
-    min_report_us: float = 200.0,
+    min_report_us: float = 1000.0,
 ) -> DeepSpeedInstrumentation:
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU."""
     try:

@@ -148,7 +148,7 @@ def instrument(
     agent: str | None = None,
     device: Any = None,
     record: bool = False,
-    min_report_us: float = 200.0,
+    min_report_us: float = 1000.0,
     stage: int = 0,
 ) -> MegatronInstrumentation:
     """Report the bubbles of the Megatron-Core schedules that use `config` (a ModelParallelConfig).

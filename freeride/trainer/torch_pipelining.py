@@ -205,7 +205,7 @@ def instrument(
     agent: str | None = None,
     sync_cuda: bool | None = None,
     record: bool = False,
-    min_report_us: float = 200.0,
+    min_report_us: float = 1000.0,
 ) -> Instrumentation:
     """Report every bubble of `schedule` to the agent of this rank's GPU; `undo()` to stop.
 
