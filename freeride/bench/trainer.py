@@ -52,6 +52,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         per_rank.append({
             "rank": res["rank"],
             "bubbles_per_iteration": len(waits) / len(iters) if iters else 0,
+            "reported_per_iteration": sum(b["reported"] for b in waits) / len(iters) if iters else 0,
             "bubble_fraction_measured": round(idle_ms / busy_ms, 4) if busy_ms else 0.0,
         })
     step_plain = statistics.median(plain)
