@@ -126,3 +126,42 @@ class WaitTracker:
     def _keep(self, slot: int, kind: int, start: int, end: int, reported: bool) -> None:
         if self.record:
             self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))
+
+
+class Instrumented:
+    """What every framework integration returns: its tracker, and the hooks to undo."""
+
+    def __init__(self, tracker: WaitTracker) -> None:
+        self.tracker = tracker
+        self._undo: list[Callable[[], None]] = []
+
+    @property
+    def reporter(self) -> BubbleReporter:
+        return self.tracker.reporter
+
+    @property
+    def bubbles(self) -> list[BubbleRecord]:
+        return self.tracker.bubbles
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracker.enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.tracker.enabled = value
+
+    def undo(self) -> None:
+        """Remove this integration's hooks (shared module hooks stay while others use them)."""
+        while self._undo:
+            self._undo.pop()()
+
+    def close(self) -> None:
+        """undo() and close the reporter (flushing what is queued)."""
+        self.undo()
+        self.reporter.close()
+
+
+def restore_attribute(obj: object, name: str) -> None:
+    """Drop the instance attribute that shadowed the class's."""
+    obj.__dict__.pop(name, None)

@@ -19,12 +19,11 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._cuda import free_memory, stream_sync
-from freeride.trainer._waits import BWD, END_OF_STEP, FWD, BubbleRecord, WaitTracker
+from freeride.trainer._waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
@@ -74,19 +73,10 @@ def _remove_all_reduce_hook() -> None:
             _original_all_reduce = None
 
 
-@dataclass
-class DeepSpeedInstrumentation:
-    engine: Any
-    tracker: WaitTracker
-    _undo: list[Callable[[], None]] = field(default_factory=list)
-
-    @property
-    def reporter(self) -> BubbleReporter:
-        return self.tracker.reporter
-
-    @property
-    def bubbles(self) -> list[BubbleRecord]:
-        return self.tracker.bubbles
+class DeepSpeedInstrumentation(Instrumented):
+    def __init__(self, engine: Any, tracker: WaitTracker) -> None:
+        super().__init__(tracker)
+        self.engine = engine
 
     def _train_batch(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not self.tracker.enabled:
@@ -118,14 +108,6 @@ class DeepSpeedInstrumentation:
                 _local.optimizer_step = previous
 
         return wrapped
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-    def close(self) -> None:
-        self.undo()
-        self.reporter.close()
 
 
 def instrument(
@@ -176,16 +158,11 @@ def instrument(
         _install_all_reduce_hook()
         inst._undo.append(_remove_all_reduce_hook)
     engine._INSTRUCTION_MAP = {**base_map, **wrapped}
-    inst._undo.append(functools.partial(_restore, engine, "_INSTRUCTION_MAP"))
+    inst._undo.append(functools.partial(restore_attribute, engine, "_INSTRUCTION_MAP"))
     if not engine.is_last_stage():
         aggregate = engine._aggregate_total_loss
         engine._aggregate_total_loss = inst._around(END_OF_STEP, aggregate)
-        inst._undo.append(functools.partial(_restore, engine, "_aggregate_total_loss"))
+        inst._undo.append(functools.partial(restore_attribute, engine, "_aggregate_total_loss"))
     engine.train_batch = functools.partial(inst._train_batch, engine.train_batch)
-    inst._undo.append(functools.partial(_restore, engine, "train_batch"))
+    inst._undo.append(functools.partial(restore_attribute, engine, "train_batch"))
     return inst
-
-
-def _restore(obj: Any, name: str) -> None:
-    """Drop the instance attribute that shadowed the class's."""
-    obj.__dict__.pop(name, None)

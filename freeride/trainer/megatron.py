@@ -19,11 +19,10 @@ current device), so this path is tested here with Megatron's call sequence, not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from freeride.trainer._cuda import free_memory, stream_sync
-from freeride.trainer._waits import BWD, FWD, BubbleRecord, WaitTracker
+from freeride.trainer._waits import BWD, FWD, Instrumented, WaitTracker
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
@@ -114,31 +113,17 @@ class FreerideTimers:
             t.end_step()
 
 
-@dataclass
-class MegatronInstrumentation:
-    config: Any
-    timers: FreerideTimers
-    _previous: Any
+class MegatronInstrumentation(Instrumented):
+    def __init__(self, config: Any, timers: FreerideTimers, previous: Any) -> None:
+        super().__init__(timers.tracker)
+        self.config = config
+        self.timers = timers
+        self._undo.append(self._restore_timers)
+        self._previous = previous
 
-    @property
-    def tracker(self) -> WaitTracker:
-        return self.timers.tracker
-
-    @property
-    def reporter(self) -> BubbleReporter:
-        return self.timers.tracker.reporter
-
-    @property
-    def bubbles(self) -> list[BubbleRecord]:
-        return self.timers.tracker.bubbles
-
-    def undo(self) -> None:
+    def _restore_timers(self) -> None:
         if self.config.timers is self.timers:
             self.config.timers = self._previous
-
-    def close(self) -> None:
-        self.undo()
-        self.reporter.close()
 
 
 def instrument(

@@ -20,12 +20,11 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._cuda import free_memory, stream_sync
-from freeride.trainer._waits import BWD, FWD, BubbleRecord, WaitTracker
+from freeride.trainer._waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
 from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
@@ -43,29 +42,12 @@ class HookUnavailableError(FreerideError):
 _local = threading.local()  # .active: the Instrumentation whose step() runs on this thread
 
 
-@dataclass
-class Instrumentation:
-    schedule: Any
-    tracker: WaitTracker
-    _tagged_ops: dict[int, int] = field(default_factory=dict)
-    _tagged_works: dict[int, int] = field(default_factory=dict)
-    _undo: list[Callable[[], None]] = field(default_factory=list)
-
-    @property
-    def reporter(self) -> BubbleReporter:
-        return self.tracker.reporter
-
-    @property
-    def bubbles(self) -> list[BubbleRecord]:
-        return self.tracker.bubbles
-
-    @property
-    def enabled(self) -> bool:
-        return self.tracker.enabled
-
-    @enabled.setter
-    def enabled(self, value: bool) -> None:
-        self.tracker.enabled = value
+class Instrumentation(Instrumented):
+    def __init__(self, schedule: Any, tracker: WaitTracker) -> None:
+        super().__init__(tracker)
+        self.schedule = schedule
+        self._tagged_ops: dict[int, int] = {}
+        self._tagged_works: dict[int, int] = {}
 
     # -- the wrapped step() ------------------------------------------------------------------------
     def _run_step(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -116,16 +98,6 @@ class Instrumentation:
             return original(works)
         direction = self._tagged_works.pop(id(works), 0)
         return self.tracker.wait(direction, lambda: original(works))
-
-    def undo(self) -> None:
-        """Restore the schedule and the stages; the shared module hook stays while others use it."""
-        while self._undo:
-            self._undo.pop()()
-
-    def close(self) -> None:
-        """undo() and close the reporter (flushing what is queued)."""
-        self.undo()
-        self.reporter.close()
 
 
 # -- the module-level hook, shared by every instrumented schedule in the process ---------------------
@@ -233,13 +205,8 @@ def instrument(
                 return inst.tag(_bound(*a, **k), _direction)
 
             setattr(stage, name, tagged)
-            inst._undo.append(functools.partial(_restore, stage, name))
+            inst._undo.append(functools.partial(restore_attribute, stage, name))
     original_step = schedule.step
     schedule.step = functools.partial(inst._run_step, original_step)
-    inst._undo.append(functools.partial(_restore, schedule, "step"))
+    inst._undo.append(functools.partial(restore_attribute, schedule, "step"))
     return inst
-
-
-def _restore(obj: Any, name: str) -> None:
-    """Drop the instance attribute that shadowed the class's method."""
-    obj.__dict__.pop(name, None)
