@@ -39,6 +39,7 @@ class AgentConfig:
     checkpoint_interval_s: float = 60.0
     hang_timeout_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    memory_check_s: float = 0.25  # how often worker memory is checked against its cap
     log_format: str = "text"
 
     @property
@@ -56,6 +57,8 @@ class AgentConfig:
             raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.memory_check_s <= 0:
+            raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

@@ -25,6 +25,7 @@ from freeride.agent.registry import Registry
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
 from freeride.agent.workers import WorkerLauncher, WorkerProcess, describe_exit, last_log_line
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
+from freeride.gpu import MemoryProbe, RssProbe
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 log = logging.getLogger("freeride.agent")
@@ -43,12 +44,14 @@ class Agent:
         registry: Registry,
         launcher: WorkerLauncher,
         clock: Callable[[], int] = time.monotonic_ns,
+        memory: MemoryProbe | None = None,
     ) -> None:
         self.config = config
         self._registry = registry
         self._launcher = launcher
         self._clock = clock
         self.clock = clock
+        self._memory: MemoryProbe = memory if memory is not None else RssProbe()
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db")
         self.records: dict[str, TaskRecord] = {}
@@ -152,6 +155,23 @@ class Agent:
         for rec in resumed:
             await self._start_worker(rec, reason="agent restarted" if rec.state.active else "")
         log.info("agent for GPU %d ready: %d tasks known, %d resumed", self.config.gpu, len(self.records), len(resumed))
+        self._loop.call_later(self.config.memory_check_s, self._check_memory)
+
+    def _check_memory(self) -> None:
+        """The memory watchdog: a worker above its cap is stopped; training and other tasks are not touched."""
+        if self.shutting_down:
+            return
+        for task_id, worker in list(self.workers.items()):
+            rec = self.records[task_id]
+            used = self._memory.process_bytes(worker.pid)
+            rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
+            cap = rec.spec.mem_limit_bytes
+            if cap and used > cap and not worker.kill_reason:
+                reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
+                log.warning("task %s: %s; stopping its worker", task_id, reason)
+                worker.retryable = False
+                worker.kill(reason)
+        self._loop.call_later(self.config.memory_check_s, self._check_memory)
 
     async def shutdown(self) -> None:
         """Ask every worker to checkpoint and exit; kill those that do not within the grace period."""
@@ -387,7 +407,7 @@ class Agent:
             self._set_state(rec, desired)
             return
         reason = worker.kill_reason or worker.failure or describe_exit(code)
-        tail = last_log_line(worker.log_path) if not worker.failure else ""
+        tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""
         if tail and tail not in reason:
             reason = f"{reason}: {tail}"
         limit = rec.spec.max_restarts if rec.spec.max_restarts >= 0 else self.config.max_restarts

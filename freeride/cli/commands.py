@@ -38,6 +38,8 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help=f"kill a step this long after its window closed (default {d.hang_timeout_s})")
     p.add_argument("--shutdown-grace-s", type=float,
                    help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
+    p.add_argument("--memory-check-s", type=float,
+                   help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
 
 

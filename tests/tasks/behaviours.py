@@ -106,6 +106,19 @@ class Pieces(ImperativeTask):
         self.done = int(state["done"])
 
 
+class Hog(Counter):
+    """Grows by `step_mb` of touched memory every step: past any cap, eventually."""
+
+    def __init__(self, step_mb: int = 4) -> None:
+        super().__init__(1.0)
+        self.step_bytes = step_mb * 2**20
+        self.held: list[bytearray] = []
+
+    def step(self) -> None:
+        super().step()
+        self.held.append(bytearray(b"x" * self.step_bytes))  # written, so resident
+
+
 class NotATask:
     def step(self) -> None:
         pass

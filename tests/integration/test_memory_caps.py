@@ -1,0 +1,33 @@
+"""CPU mode enforces a task's memory cap on its worker's resident memory (and its children's)."""
+
+from __future__ import annotations
+
+from conftest import BackgroundTrainer, spec
+
+from freeride.harness import wait_for_task
+from freeride.v1 import tasks_pb2
+
+MiB = 2**20
+
+
+def test_a_task_past_its_cap_is_stopped_at_the_next_sample_and_nothing_else_is_touched(agent, client) -> None:
+    hog = client.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "4"}, mem_limit_bytes=200 * MiB))
+    calm = client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "1"}, mem_limit_bytes=400 * MiB))
+    for t in (hog, calm):
+        wait_for_task(client, t.id, [tasks_pb2.TASK_STATE_READY])
+    with BackgroundTrainer(agent, [40.0, 40.0]) as trainer:
+        failed = wait_for_task(client, hog.id, [tasks_pb2.TASK_STATE_FAILED], timeout_s=30)
+        assert failed.reason.startswith("memory_cap_exceeded")
+        assert "cap 200 MiB" in failed.reason
+        assert failed.restarts == 0  # not restarted to fail again
+        before = client.get(calm.id).counters.steps
+        iterations = trainer.iterations
+        wait_for_task(client, calm.id, [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING])
+        later = client.get(calm.id)
+    # Caught at the first sample above the cap: the watchdog samples every 0.25 s, and in 0.25 s the hog
+    # grows well under 400 MiB (4 MiB a step, a few hundred steps a second at most).
+    assert 200 * MiB < failed.counters.peak_memory_bytes < 200 * MiB + 400 * MiB
+    assert later.state in (tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING)
+    assert later.counters.steps >= before  # the other task lost nothing and kept its worker
+    assert later.pid == client.get(calm.id).pid != 0
+    assert trainer.iterations >= iterations  # and the trainer never noticed
