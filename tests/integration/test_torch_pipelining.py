@@ -1,7 +1,7 @@
 """Real 4-rank torch.distributed.pipelining runs (gloo, CPU) report every bubble to an agent per rank.
 
 Stage compute sleeps F ms forward and B ms backward, so the bubbles each schedule implies are
-known. Tolerances are wide enough for a loaded 2-core machine: a bubble within 15% or 6 ms of
+known. Tolerances are wide enough for a loaded 2-core machine: a bubble within 20% or 6 ms of
 theory.
 """
 
@@ -59,7 +59,7 @@ def theory(schedule: str, rank: int) -> list[float]:
 
 
 def close_to(measured: float, expected: float) -> bool:
-    return abs(measured - expected) <= max(6.0, 0.15 * expected)
+    return abs(measured - expected) <= max(6.0, 0.2 * expected)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -102,10 +102,8 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
-def test_the_agents_predictions_converge_to_within_ten_percent(
-    schedule: str, shared_agents: Agents, tmp_path: Path
-) -> None:
-    agents = shared_agents
+def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, agents: Agents, tmp_path: Path) -> None:
+    # Fresh agents: shared ones would start from the slot lengths of the other schedules' runs.
     first = [len(c.windows) for c in agents.collectors]
     cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=M, forward_ms=F_MS, backward_ms=B_MS,
                          iterations=7, instrument=True, socket_dir=str(agents.socket_dir))
