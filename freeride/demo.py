@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from freeride._stats import percentile
 from freeride.bench import trace as tr
 from freeride.cli.units import format_seconds
-from freeride.harness import AgentProcess, WindowCollector, replay, wait_for_task
+from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -103,9 +104,7 @@ def _report(clients: list[Any], tasks: list[Any], collectors: list[WindowCollect
     for s, (c, t, col) in enumerate(zip(clients, tasks, collectors, strict=True)):
         g = c.stats().gpu
         info = c.get(t.id)
-        grants = sorted(
-            w.shares[0].first_step_ns - w.bubble_start_ns for w in col.windows if w.shares and w.shares[0].steps
-        )
+        grant_p50_us = percentile(grant_latencies_us(col.windows), 0.5)
         stages.append({
             "stage": s,
             "bubbles": g.bubbles,
@@ -114,7 +113,7 @@ def _report(clients: list[Any], tasks: list[Any], collectors: list[WindowCollect
             "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
             "steps": info.counters.steps,
             "overrun_steps": info.counters.overrun_steps,
-            "grant_us_p50": round(grants[len(grants) // 2] / 1e3, 1) if grants else 0.0,
+            "grant_us_p50": round(grant_p50_us, 1),
             "kmeans_inertia_start": round(start_inertia[s], 2),
             "kmeans_inertia_end": round(info.progress.get("inertia", 0.0), 2),
         })

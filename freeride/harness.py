@@ -151,6 +151,11 @@ class WindowCollector:
         self.close()
 
 
+def grant_latencies_us(windows: Iterable[tasks_pb2.WindowRecord]) -> list[float]:
+    """START stamped by the trainer -> the first side-task step began, for each window that ran one."""
+    return [(w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].steps]
+
+
 def sleep_until(deadline_ns: int) -> None:
     """The synthetic trainer's stand-in for compute and for waiting on a neighbour."""
     delay = deadline_ns - time.monotonic_ns()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from freeride._stats import percentile
 from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, check_transition
@@ -267,8 +268,7 @@ class Agent:
 
     def stats(self) -> tasks_pb2.StatsResponse:
         g = self.scheduler.gpu
-        errors = sorted(self.scheduler.prediction_errors)
-        delays = sorted(self.scheduler.event_delays_ns)
+        delays = self.scheduler.event_delays_ns
         return tasks_pb2.StatsResponse(
             gpu=tasks_pb2.GpuStats(
                 gpu=self.config.gpu,
@@ -280,14 +280,14 @@ class Agent:
                 steps=g.steps,
                 windows=g.windows,
                 events=g.events,
-                prediction_error_p50=errors[len(errors) // 2] if errors else 0.0,
+                prediction_error_p50=percentile(self.scheduler.prediction_errors, 0.5),
                 uptime_s=(self._clock() - self.started_ns) / 1e9,
                 dropped_events=self.dropped_events,
                 rejected_events=self.rejected_events,
                 trainer_free_memory_bytes=self.scheduler.trainer_free_memory_bytes,
                 trainers=self.trainers,
-                event_delay_us_p50=delays[len(delays) // 2] / 1e3 if delays else 0.0,
-                event_delay_us_p99=delays[int(len(delays) * 0.99)] / 1e3 if delays else 0.0,
+                event_delay_us_p50=percentile(delays, 0.5) / 1e3,
+                event_delay_us_p99=percentile(delays, 0.99) / 1e3,
             ),
             tasks=[self.info(r) for r in self.records.values()],
         )

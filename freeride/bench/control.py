@@ -13,7 +13,8 @@ from typing import Any
 
 import psutil
 
-from freeride.harness import AgentProcess, WindowCollector, sleep_until, wait_for_task
+from freeride._stats import percentile
+from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -26,12 +27,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flood", type=int, default=0, metavar="EVENTS",
                    help="afterwards, send this many events as fast as possible and report agent memory")
 
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _flood(reporter: BubbleReporter, events: int) -> float:
@@ -86,7 +81,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         reporter.close()
         collector.close()
     windows = collector.windows[: ns.bubbles]
-    grants = [(w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].steps]
+    grants = grant_latencies_us(windows)
     revokes = [
         (w.shares[0].idle_ns - w.bubble_end_ns) / 1e3
         for w in windows
@@ -99,13 +94,13 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
         "windows": min(len(windows), ns.bubbles),
-        "hook_us_p50": round(_pct(hooks, 0.5), 2),
-        "hook_us_p99": round(_pct(hooks, 0.99), 2),
+        "hook_us_p50": round(percentile(hooks, 0.5), 2),
+        "hook_us_p99": round(percentile(hooks, 0.99), 2),
         "hook_us_max": round(max(hooks), 2) if hooks else 0.0,
-        "grant_us_p50": round(_pct(grants, 0.5), 1),
-        "grant_us_p99": round(_pct(grants, 0.99), 1),
-        "revoke_us_p50": round(_pct(revokes, 0.5), 1),
-        "revoke_us_p99": round(_pct(revokes, 0.99), 1),
+        "grant_us_p50": round(percentile(grants, 0.5), 1),
+        "grant_us_p99": round(percentile(grants, 0.99), 1),
+        "revoke_us_p50": round(percentile(revokes, 0.5), 1),
+        "revoke_us_p99": round(percentile(revokes, 0.99), 1),
         "event_delay_us_p50": round(stats.gpu.event_delay_us_p50, 1),
         "event_delay_us_p99": round(stats.gpu.event_delay_us_p99, 1),
         "dropped_by_reporter": reporter.dropped,

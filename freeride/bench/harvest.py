@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from freeride._stats import percentile
 from freeride.bench import trace as tr
-from freeride.harness import AgentProcess, WindowCollector, replay, wait_for_task
+from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -47,12 +48,6 @@ def oracle_fill(length_s: float, step_s: float, jitter_s: float, rng: random.Ran
         total += t
     return total / _ORACLE_DRAWS
 
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -96,9 +91,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
                           if it >= 2)
     steady_harvest_s = sum((sh.busy_ns - sh.overrun_ns) / 1e9 for w in learned for sh in w.shares)
     overruns_ms = [sum(sh.overrun_ns for sh in w.shares) / 1e6 for w in windows]
-    grant_us = [
-        (w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].first_step_ns
-    ]
+    grant_us = grant_latencies_us(windows)
     return {
         "benchmark": "harvest",
         "schedule": ns.schedule, "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,
@@ -114,12 +107,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "overrun_steps": t.overrun_steps,
         "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,
         "overrun_time_fraction": round(g.overrun_s / g.bubble_s, 5) if g.bubble_s else 0.0,
-        "overrun_ms_p99": round(_pct([o for o in overruns_ms if o > 0] or [0.0], 0.99), 3),
+        "overrun_ms_p99": round(percentile([o for o in overruns_ms if o > 0] or [0.0], 0.99), 3),
         "prediction_error_p50": round(g.prediction_error_p50, 4),
         "event_delay_us_p50": round(g.event_delay_us_p50, 1),
         "event_delay_us_p99": round(g.event_delay_us_p99, 1),
-        "grant_us_p50": round(_pct(grant_us, 0.5), 1),
-        "grant_us_p99": round(_pct(grant_us, 0.99), 1),
+        "grant_us_p50": round(percentile(grant_us, 0.5), 1),
+        "grant_us_p99": round(percentile(grant_us, 0.99), 1),
         "windows": len(windows),
     }
 
