@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,14 @@ def test_deepspeed_receives_and_drain_are_reported_every_iteration(agents: Agent
         if r < P - 1:
             assert trainer_pb2.BUBBLE_KIND_WARMUP in kinds  # waits for the first gradient
             assert kinds[-1] == trainer_pb2.BUBBLE_KIND_DRAIN  # waits for the last stage at the end
-        for it in range(2, 6):
-            idle = sum((b["end_ns"] - b["start_ns"]) / 1e6 for b in iters[it])
-            step = res["step_ms"][it]
-            assert abs((step - compute_ms) - idle) <= max(20.0, 0.2 * step), (r, it, step, idle)
+        # The bubbles account for the time the rank did not compute: medians over the steady iterations,
+        # so one step stretched by a busy 2-core runner does not decide.
+        steady = range(2, 6)
+        unaccounted = statistics.median(
+            res["step_ms"][it] - compute_ms - sum((b["end_ns"] - b["start_ns"]) / 1e6 for b in iters[it])
+            for it in steady)
+        step = statistics.median(res["step_ms"][it] for it in steady)
+        assert abs(unaccounted) <= max(20.0, 0.2 * step), (r, unaccounted, step)
         gpu = agents.clients[r].stats().gpu
         assert gpu.bubbles == sum(b["reported"] for v in iters.values() for b in v)
         assert res["reporter_dropped"] == 0

@@ -8,6 +8,7 @@ theory.
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -82,17 +83,18 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
         assert len({tuple(s) for s in shapes.values()}) == 1, f"rank {r}: waits differ between iterations"
         assert [slot for slot, _ in shapes[1]] == list(range(len(shapes[1])))
         # The bubbles account for the time the rank did not compute (loosely: Python overhead under
-        # load is neither; the exact per-bubble check is below, for the schedules with a model).
-        for it in range(2, cfg.iterations):
-            idle = sum(ms(b) for b in iters[it])
-            step = res["step_ms"][it]
-            assert abs((step - compute_ms) - idle) <= max(20.0, 0.2 * step), (r, it, step, idle)
-        significant = [b for b in iters[3] if ms(b) > SIGNIFICANT_MS]
+        # load is neither; the exact per-bubble check is below, for the schedules with a model). Medians
+        # over the steady iterations, so one step stretched by a busy 2-core runner does not decide.
+        steady = range(2, cfg.iterations)
+        unaccounted = statistics.median(res["step_ms"][it] - compute_ms - sum(map(ms, iters[it])) for it in steady)
+        step = statistics.median(res["step_ms"][it] for it in steady)
+        assert abs(unaccounted) <= max(20.0, 0.2 * step), (r, unaccounted, step)
         if r > 0:
             assert iters[3][0]["kind"] == trainer_pb2.BUBBLE_KIND_FILL  # waits for the first activation
         if schedule in SINGLE:
             expected = theory(schedule, r)
-            got = [ms(b) for b in significant]
+            typical = [statistics.median(ms(iters[it][slot]) for it in steady) for slot in range(len(shapes[1]))]
+            got = [x for x in typical if x > SIGNIFICANT_MS]
             assert len(got) == len(expected) and all(map(close_to, got, expected)), (r, got, expected)
         # The agent of this rank saw every bubble (BETWEEN_STEPS edges are counted as events only).
         reported = sum(b["reported"] for v in iters.values() for b in v)
@@ -105,13 +107,15 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
 def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, agents: Agents, tmp_path: Path) -> None:
     # Fresh agents: shared ones would start from the slot lengths of the other schedules' runs.
     first = [len(c.windows) for c in agents.collectors]
-    cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=M, forward_ms=F_MS, backward_ms=B_MS,
+    # Twice the usual stage times: scheduling jitter on a busy runner is a few ms whatever the bubble, so
+    # longer bubbles measure the predictor rather than the machine's load.
+    cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=M, forward_ms=2 * F_MS, backward_ms=2 * B_MS,
                          iterations=7, instrument=True, socket_dir=str(agents.socket_dir))
     launch(cfg, tmp_path / "run")
     pooled = []
     for r, collector in enumerate(agents.collectors):
         mine = collector.windows[first[r]:]
-        late = [w for w in mine if w.iteration >= 4 and w.bubble_end_ns - w.bubble_start_ns > 5e6]
+        late = [w for w in mine if w.iteration >= 4 and w.bubble_end_ns - w.bubble_start_ns > 10e6]
         assert late, f"rank {r}: no window granted after the first iterations"
         lengths = [(w.predicted_ns, w.bubble_end_ns - w.bubble_start_ns) for w in late]
         errors = sorted(abs(predicted - actual) / actual for predicted, actual in lengths)
