@@ -75,7 +75,8 @@ def test_megatron_receive_timers_become_bubbles_and_megatrons_timers_keep_workin
     assert kinds[2] == K.BUBBLE_KIND_WARMUP  # waiting for the first gradient
     assert set(kinds[3:]) == {K.BUBBLE_KIND_COOLDOWN}
     long_wait = per_it[2][2]
-    assert 0.035 < (long_wait.end_ns - long_wait.start_ns) / 1e9 < 0.08
+    # The 40 ms wait, and not much more (a busy runner may oversleep; it never undersleeps).
+    assert 0.035 < (long_wait.end_ns - long_wait.start_ns) / 1e9 < 0.3
     assert gpu.bubbles == sum(b.reported for bs in per_it for b in bs)
     assert gpu.rejected_events == 0
 

@@ -110,7 +110,7 @@ def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_
             durations += timed_calls(reporter, 10)
         assert reporter.dropped > dropped, "the reporter did not notice the agent died"
         durations += timed_calls(reporter, CALLS)
-        assert p99(durations) < 1e-3 and max(durations) < 0.05, f"max {max(durations) * 1e3:.1f} ms"
+        assert p99(durations) < 1e-3 and max(durations) < 0.2, f"max {max(durations) * 1e3:.1f} ms"
 
         second = new_agent().start()  # same state dir and socket
         assert reporter.wait_connected(10), "reporter did not reconnect to the restarted agent"
