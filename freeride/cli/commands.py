@@ -175,6 +175,8 @@ def cmd_health(ns: argparse.Namespace) -> int:
     """The standard gRPC health check, as a command: 0 SERVING, 1 anything else, 2 no agent answers."""
     with _client(ns) as c:
         c.timeout_s = ns.timeout_s
+        if ns.wait_s > 0:
+            c.wait_ready(ns.wait_s)
         status = health_pb2.HealthCheckResponse.ServingStatus.Name(c.health())
     if ns.json:
         print_json({"agent": ns.target, "status": status})
