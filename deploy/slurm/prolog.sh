@@ -26,7 +26,10 @@ start_agents() {
     # processes must be able to connect to the sockets.
     local as_user=()
     [ "$uid" = "$(id -u)" ] || as_user=(setpriv "--reuid=$uid" "--regid=$gid" --init-groups --)
-    install -d -m 0755 "$RUN_ROOT" "$STATE_ROOT" || { log "ERROR: cannot create $RUN_ROOT or $STATE_ROOT"; return 0; }
+    local root
+    for root in "$RUN_ROOT" "$STATE_ROOT"; do  # created if missing; an existing one is left as it is
+        [ -d "$root" ] || install -d -m 0755 "$root" || { log "ERROR: cannot create $root"; return 0; }
+    done
     # Only the job's user may reach the sockets (submitting a side task runs code as that user).
     install -d -m 0700 -o "$uid" -g "$gid" "$JOB_RUN" "$JOB_STATE" || { log "ERROR: cannot create job dirs"; return 0; }
 

@@ -3,6 +3,7 @@ tells systemd READY=1 once it serves, STOPPING=1 on SIGTERM, and exits 0 within 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -111,7 +112,9 @@ def _unit_command(unit: Unit, tmp_path: Path, gpu: str) -> tuple[list[str], dict
     /etc/default/freeride is the shipped freeride.env; the binary is this interpreter's freeride.
     """
     values = {"i": gpu, "I": gpu, "t": str(tmp_path / "run"), "S": str(tmp_path / "lib"), "n": f"freeride-agent@{gpu}"}
-    installed = {"/etc/default/freeride": SYSTEMD / "freeride.env"}
+    override = tmp_path / "freeride-gpu.env"  # an operator's per-GPU file, read after the defaults
+    override.write_text("# GPU-specific\nFREERIDE_LOG_FORMAT=json\n")
+    installed = {"/etc/default/freeride": SYSTEMD / "freeride.env", f"/etc/default/freeride-gpu{gpu}": override}
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     if "PYTHONPATH" in os.environ:  # a development checkout's freeride, as the test runs it
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -166,5 +169,8 @@ def test_agent_started_like_the_unit_notifies_ready_when_serving_and_stopping_on
                 proc.wait()
     assert code == 0, log_path.read_text()
     assert not sock.exists()
+    # The per-GPU file overrode the shared default (text): every journal line is a JSON object.
+    lines = log_path.read_text().splitlines()
+    assert lines and all(json.loads(line)["logger"] for line in lines)
     # Restart=on-failure must not restart a clean stop, and must not loop on a configuration error.
     assert "2" in unit.get("Service", "RestartPreventExitStatus").split()
