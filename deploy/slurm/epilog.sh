@@ -30,14 +30,14 @@ job_processes() {
 stop_agents() {
     [ -n "$JOB_ID" ] || { log "no SLURM_JOB_ID: nothing to do"; return 0; }
     [ -d "$JOB_STATE" ] || [ -d "$JOB_RUN" ] || return 0  # the prolog started nothing
-    local pidfile pid dir stopping=()
+    local pidfile pid dir stopping=() agents=()
     for pidfile in "$JOB_STATE"/gpu*/agent.pid; do
         [ -f "$pidfile" ] || continue
         pid=$(cat "$pidfile")
         dir=$(dirname "$pidfile")
         # Only if that PID is still this job's agent (PIDs are reused).
         if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "--state-dir $dir "; then
-            kill -TERM "$pid" 2>/dev/null && stopping+=("$dir")
+            kill -TERM "$pid" 2>/dev/null && stopping+=("$dir") && agents+=("$pid")
         fi
         rm -f "$pidfile"
     done
@@ -48,13 +48,18 @@ stop_agents() {
             log "ERROR: agent in $dir did not stop within ${STOP_S}s; killing it"
         fi
     done
-    local left
-    left=$(job_processes)
-    if [ -n "$left" ]; then
-        log "killing leftover processes: $(echo "$left" | tr '\n' ' ')"
-        # shellcheck disable=SC2086  # one PID per word
-        kill -KILL $left 2>/dev/null || true
-    fi
+    # An agent releases its lock when its work is done, a moment before its process ends: those
+    # are merely exiting. Anything else is left over (e.g. workers of an agent that was killed).
+    local all=() leftover=()
+    mapfile -t all < <(job_processes)
+    for pid in "${all[@]}"; do
+        case " ${agents[*]} " in
+            *" $pid "*) ;;
+            *) leftover+=("$pid") ;;
+        esac
+    done
+    [ "${#leftover[@]}" -eq 0 ] || log "killing leftover processes: ${leftover[*]}"
+    [ "${#all[@]}" -eq 0 ] || kill -KILL "${all[@]}" 2>/dev/null || true
     rm -rf -- "$JOB_RUN"
 }
 
