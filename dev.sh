@@ -35,6 +35,21 @@ setup() {
     fi
 }
 
+# systemd-analyze and shellcheck check the files in deploy/; their tests skip (saying why) without them.
+deploy_tools() {
+    local missing=()
+    command -v systemd-analyze >/dev/null || missing+=(systemd)
+    command -v shellcheck >/dev/null || missing+=(shellcheck)
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing ${missing[*]} (Debian packages) for the deploy/ tests" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}"; } >&2 || echo "could not install ${missing[*]}: those deploy/ checks are skipped" >&2
+    else
+        echo "note: ${missing[*]} not installed (needs root and apt-get): those deploy/ checks are skipped" >&2
+    fi
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -44,6 +59,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        deploy_tools
         echo "==> ruff" >&2
         "$VENV/bin/ruff" check freeride sidetasks tests tools
         echo "==> mypy" >&2

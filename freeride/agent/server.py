@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from freeride.agent import _systemd
 from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.registry import Registry
@@ -102,9 +103,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal, sig)
+    _systemd.notify("READY=1", f"STATUS=serving GPU {config.gpu} on unix:{sock}")  # after the signal handlers
     if ready is not None:
         ready.set()
     await stop.wait()
+    _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
     await health.enter_graceful_shutdown()
     await agent.shutdown()
     await server.stop(grace=1.0)

@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from grpc_health.v1 import health_pb2
 from rich.console import Console
 from rich.table import Table
 
@@ -168,6 +169,20 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
         table.add_row(k, v)
     Console().print(table)
     return 0
+
+
+def cmd_health(ns: argparse.Namespace) -> int:
+    """The standard gRPC health check, as a command: 0 SERVING, 1 anything else, 2 no agent answers."""
+    with _client(ns) as c:
+        c.timeout_s = ns.timeout_s
+        if ns.wait_s > 0:
+            c.wait_ready(ns.wait_s)
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(c.health())
+    if ns.json:
+        print_json({"agent": ns.target, "status": status})
+    else:
+        print(f"{ns.target}: {status}")
+    return 0 if status == "SERVING" else 1
 
 
 def cmd_stats(ns: argparse.Namespace) -> int:

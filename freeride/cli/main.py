@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_agent_args(st)
     st.set_defaults(func=commands.cmd_stats)
 
+    h = sub.add_parser("health", help="exit 0 when the agent serves (for probes: systemd, Kubernetes, Slurm)")
+    _add_agent_args(h)
+    h.add_argument("--timeout-s", type=float, default=5.0, help="give up after this long (default 5)")
+    h.add_argument("--wait-s", type=float, default=0.0, help="first wait up to this long for the agent to come up")
+    h.set_defaults(func=commands.cmd_health)
+
     b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     from freeride.bench import cli as bench_cli
