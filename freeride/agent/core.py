@@ -204,12 +204,12 @@ class Agent:
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
         """What the resident side tasks may reserve in all (None: unbounded)."""
-        try:
-            snap = self.gpu_control.snapshot(r.memory_bytes for r in self.records.values() if r.pid)
-            available = snap.available_bytes
-        except GpuError as exc:
-            self._gpu_trouble(exc)
-            available = None
+        available = None
+        if self.gpu_control.device is not None:
+            try:
+                available = self.gpu_control.snapshot(w.pid for w in self.workers.values()).available_bytes
+            except GpuError as exc:
+                self._gpu_trouble(exc)
         return usable_bytes(self.scheduler.trainer_free_memory_bytes, available, self.config.headroom_bytes)
 
     def _admit(self, rec: TaskRecord, start_reason: str) -> bool:
@@ -361,10 +361,9 @@ class Agent:
 
     def gpu_memory(self) -> tasks_pb2.GpuMemory:
         """GPU telemetry for `freeride stats` and the metrics: the device, the workers, the trainer's share."""
-        workers = [r.memory_bytes for r in self.records.values() if r.pid]
         snap: GpuSnapshot | None
         try:
-            snap = self.gpu_control.snapshot(workers)
+            snap = self.gpu_control.snapshot(w.pid for w in self.workers.values())
         except GpuError as exc:
             self._gpu_trouble(exc)
             snap = None
@@ -372,7 +371,7 @@ class Agent:
         usable = self.usable_bytes()
         out = tasks_pb2.GpuMemory(
             mode=self.gpu_control.mode, mps=self.gpu_control.mps_state().label,
-            side_tasks_used_bytes=sum(workers), side_tasks_reserved_bytes=self.admission.reserved_bytes,
+            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0, side_tasks_reserved_bytes=self.admission.reserved_bytes,
             usable_bytes=-1 if usable is None else usable, headroom_bytes=self.config.headroom_bytes,
             waiting_tasks=len(self._waiting),
         )

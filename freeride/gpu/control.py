@@ -121,8 +121,9 @@ class GpuControl:
             return []
         return self.mps.stop_clients(process_tree(pid))
 
-    def snapshot(self, worker_usage: Iterable[int] = ()) -> GpuSnapshot:
-        used_by_workers = sum(worker_usage)
+    def snapshot(self, worker_pids: Iterable[int] = ()) -> GpuSnapshot:
+        """The device's memory and the workers' share of it, measured together."""
+        used_by_workers = sum(self.probe.usage(list(worker_pids)).values())
         if self.device is None:
             return GpuSnapshot("cpu", workers_used_bytes=used_by_workers)
         m = self.device.memory()
