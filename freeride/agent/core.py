@@ -371,7 +371,8 @@ class Agent:
         usable = self.usable_bytes()
         out = tasks_pb2.GpuMemory(
             mode=self.gpu_control.mode, mps=self.gpu_control.mps_state().label,
-            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0, side_tasks_reserved_bytes=self.admission.reserved_bytes,
+            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0,
+            side_tasks_reserved_bytes=self.admission.reserved_bytes,
             usable_bytes=-1 if usable is None else usable, headroom_bytes=self.config.headroom_bytes,
             waiting_tasks=len(self._waiting),
         )

@@ -133,9 +133,9 @@ def test_a_waiting_task_starts_when_the_devices_free_memory_grows(tmp_path: Path
             assert t.reason.startswith("waiting for memory: needs 256 MiB")
             state.write_text(json.dumps({"used_bytes": GiB}))  # the trainer released memory
             wait_for_task(c, t.id, LIVE)
-            c.cancel(t.id)
+            state.write_text(json.dumps({"used_bytes": 4 * GiB}))  # full again
             gone = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=256 * MiB))
-            state.write_text(json.dumps({"used_bytes": 4 * GiB}))
+            assert gone.reason.startswith("waiting for memory: needs 256 MiB, 0 MiB free")
             c.cancel(gone.id)  # a waiting task can be cancelled
             assert wait_for_task(c, gone.id, [tasks_pb2.TASK_STATE_CANCELLED]).pid == 0
             assert c.stats().gpu.memory.waiting_tasks == 0
@@ -215,7 +215,7 @@ def test_doctor_fails_clearly_without_a_driver_and_passes_with_the_fake(tmp_path
     except pynvml.NVMLError:
         pass
     assert res.returncode == 1
-    assert "[FAIL] nvml: NVML unavailable: NVML Shared Library Not Found -> fix: install the NVIDIA driver" in res.stdout
+    assert "[FAIL] nvml: NVML unavailable: NVML Shared Library Not Found -> fix: install the NVIDIA" in res.stdout
     assert "[INFO] mps-fault-model: MPS fault model: a fatal GPU fault in any MPS client" in res.stdout
 
     fake = _doctor(*where, "--fake-gpu", "name=Fake H100,total=80GiB", "--json")

@@ -47,7 +47,7 @@ def test_the_fake_takes_its_identity_and_memory_from_the_spec() -> None:
 
 @pytest.mark.parametrize("spec", ["total", "color=red", "total=1GiB,used=2GiB", "mode=SHARED", "total=lots"])
 def test_a_bad_fake_spec_says_what_is_wrong(spec: str) -> None:
-    with pytest.raises(InvalidSpecError, match="fake-gpu|memory size"):
+    with pytest.raises(InvalidSpecError, match=r"fake-gpu|memory size"):
         FakeDevice.from_spec(0, spec)
 
 

@@ -58,7 +58,7 @@ def test_start_detects_a_running_daemon_uses_it_and_leaves_it_running(mps_dirs: 
 
 def test_use_without_a_daemon_fails_with_what_to_do(mps_dirs: tuple[Path, Path]) -> None:
     pipe, logd = mps_dirs
-    with pytest.raises(MpsError, match="--mps use: no MPS control daemon answers at .*use --mps start"):
+    with pytest.raises(MpsError, match=r"--mps use: no MPS control daemon answers at .*use --mps start"):
         Mps("use", MpsControl(STAND_IN, pipe, logd)).open()
 
 
