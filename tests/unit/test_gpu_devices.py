@@ -68,7 +68,7 @@ def test_the_fake_attributes_a_clients_resident_memory_as_gpu_memory(child: subp
     d.add_client(child.pid)
     used = d.process_memory()[child.pid]
     assert used > 64 * MiB
-    assert d.memory().used_bytes == used
+    assert d.memory().used_bytes == pytest.approx(used, rel=0.2)  # its child may still be starting
     assert DeviceProbe(d).usage([child.pid]) == {child.pid: pytest.approx(used, rel=0.2)}
 
 
