@@ -44,3 +44,16 @@ def test_a_task_past_its_cap_is_stopped_within_a_second_and_nothing_else_is_touc
     if stats.gpu.memory.mode == "cpu":  # this machine has no GPU: the agent said so once and carried on
         assert agent.log_path.read_text().count("no GPU: NVML unavailable") == 1
         assert stats.gpu.memory.usable_bytes == -1  # no device, no trainer hint: admission is unbounded
+
+
+def test_with_memory_cap_restarts_a_task_over_its_cap_is_retried_then_failed(tmp_path: Path) -> None:
+    from conftest import FAST
+
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--memory-cap-restarts", "1"]) as agent, \
+            agent.client() as client:
+        hog = client.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "8"}, mem_limit_bytes=150 * MiB))
+        wait_for_task(client, hog.id, [tasks_pb2.TASK_STATE_READY])
+        with BackgroundTrainer(agent, [40.0]):
+            failed = wait_for_task(client, hog.id, [tasks_pb2.TASK_STATE_FAILED], timeout_s=60)
+    assert failed.reason.startswith("memory_cap_exceeded")
+    assert failed.restarts == 1  # retried once with backoff, then given up
