@@ -41,10 +41,35 @@ class AgentConfig:
     shutdown_grace_s: float = 10.0
     memory_check_s: float = 0.25  # how often worker memory is checked against its cap
     log_format: str = "text"
+    # GPU layer (freeride.gpu): see docs/gpu.md
+    fake_gpu: str = ""  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
+    headroom_bytes: int = 1 << 30  # kept free on the GPU beyond what the trainer needs
+    memory_cap_restarts: int = 0  # restarts (with backoff) after memory_cap_exceeded; 0: FAILED at once
+    mps: str = "off"  # off | start | use
+    mps_control: str = "nvidia-cuda-mps-control"  # the control program (a command line)
+    mps_pipe_dir: Path | None = None  # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
+    mps_log_dir: Path | None = None  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
+    mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
 
     @property
     def socket_path(self) -> Path:
         return self.socket if self.socket is not None else default_socket(self.gpu)
+
+    @property
+    def mps_pipe_path(self) -> Path:
+        if self.mps_pipe_dir is not None:
+            return self.mps_pipe_dir
+        if self.mps == "use":
+            return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+        return self.socket_path.parent / f"mps-gpu{self.gpu}" / "pipe"
+
+    @property
+    def mps_log_path(self) -> Path:
+        if self.mps_log_dir is not None:
+            return self.mps_log_dir
+        if self.mps == "use":
+            return Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps")
+        return self.mps_pipe_path.parent / "log"
 
     @property
     def worker_target(self) -> str:
@@ -64,6 +89,19 @@ class AgentConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
+        if self.mps not in ("off", "start", "use"):
+            raise ConfigError(f"--mps must be off, start or use, got {self.mps!r}")
+        if not 0 <= self.mps_thread_percentage <= 100:
+            raise ConfigError(f"--mps-thread-percentage must be 0 (unset) .. 100, got {self.mps_thread_percentage}")
+        if self.headroom_bytes < 0:
+            raise ConfigError(f"--headroom must be >= 0, got {self.headroom_bytes} bytes")
+        if self.memory_cap_restarts < 0:
+            raise ConfigError(f"--memory-cap-restarts must be >= 0, got {self.memory_cap_restarts}")
+        if not self.mps_control.strip():
+            raise ConfigError("--mps-control is empty: give the MPS control program (nvidia-cuda-mps-control)")
+        if self.mps != "off" and len(str(self.mps_pipe_path / "control")) > 100:
+            raise ConfigError(f"MPS pipe dir {self.mps_pipe_path} is too long for its control socket; "
+                              "pick a shorter --mps-pipe-dir")
         if self.tcp:
             host, sep, port = self.tcp.rpartition(":")
             if not sep or not host or not port.isdigit():
@@ -82,7 +120,7 @@ def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
             continue
         kind = {"int": int, "float": float, "str": str}.get(str(f.type))
         try:
-            if f.name in ("state_dir", "socket"):
+            if "Path" in str(f.type):
                 out[f.name] = Path(raw)
             elif kind is not None:
                 out[f.name] = kind(raw)

@@ -31,6 +31,7 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
         mem_limit_bytes=spec.mem_limit_bytes,
         max_restarts=spec.max_restarts if spec.HasField("max_restarts") else -1,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        no_mps=spec.no_mps,
     )
 
 
@@ -43,6 +44,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         mem_limit_bytes=spec.mem_limit_bytes,
         max_restarts=spec.max_restarts if spec.max_restarts >= 0 else None,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        no_mps=spec.no_mps,
     )
 
 
@@ -74,4 +76,5 @@ def task_to_pb(rec: TaskRecord, running: bool = False) -> tasks_pb2.TaskInfo:
         checkpoint_steps=rec.checkpoint_steps,
         kind=rec.kind,
         pid=rec.pid,
+        memory_bytes=rec.memory_bytes,
     )

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from freeride._stats import percentile
+from freeride.agent.admission import Admission, usable_bytes
 from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, check_transition
@@ -26,7 +28,8 @@ from freeride.agent.registry import Registry
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
 from freeride.agent.workers import WorkerLauncher, WorkerProcess, describe_exit, last_log_line
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
-from freeride.gpu import MemoryProbe, RssProbe
+from freeride.gpu import GpuError, MemoryProbe
+from freeride.gpu.control import GpuControl, GpuSnapshot, cpu_only
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 log = logging.getLogger("freeride.agent")
@@ -46,13 +49,19 @@ class Agent:
         launcher: WorkerLauncher,
         clock: Callable[[], int] = time.monotonic_ns,
         memory: MemoryProbe | None = None,
+        gpu: GpuControl | None = None,
     ) -> None:
         self.config = config
         self._registry = registry
         self._launcher = launcher
         self._clock = clock
         self.clock = clock
-        self._memory: MemoryProbe = memory if memory is not None else RssProbe()
+        self.gpu_control = gpu if gpu is not None else cpu_only()
+        self._memory: MemoryProbe = memory if memory is not None else self.gpu_control.probe
+        self._gpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-gpu")  # MPS commands
+        self.admission = Admission()
+        self._waiting: dict[str, str] = {}  # task id -> why it was being started, while it waits for memory
+        self._gpu_error = ""  # the last GPU query failure, logged once
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db")
         self.records: dict[str, TaskRecord] = {}
@@ -139,6 +148,10 @@ class Agent:
 
     def _set_state(self, rec: TaskRecord, new: TaskState, reason: str = "") -> None:
         check_transition(rec.state, new)
+        if new.terminal or new is TaskState.PAUSED:
+            self._waiting.pop(rec.id, None)
+            if rec.id not in self.workers:
+                self.admission.release(rec.id)
         old, rec.state, rec.reason = rec.state, new, reason
         rec.updated_unix_s = time.time()
         log.info("task %s %s -> %s%s", rec.id, old.value, new.value, f" ({reason})" if reason else "")
@@ -162,17 +175,69 @@ class Agent:
         """The memory watchdog: a worker above its cap is stopped; training and other tasks are not touched."""
         if self.shutting_down:
             return
-        for task_id, worker in list(self.workers.items()):
+        workers = list(self.workers.items())
+        try:
+            usage = self._memory.usage([w.pid for _, w in workers])
+        except GpuError as exc:
+            self._gpu_trouble(exc)
+            usage = {}
+        for task_id, worker in workers:
             rec = self.records[task_id]
-            used = self._memory.process_bytes(worker.pid)
+            used = usage.get(worker.pid, 0)
+            rec.memory_bytes = used
             rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
             cap = rec.spec.mem_limit_bytes
             if cap and used > cap and not worker.kill_reason:
                 reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
                 log.warning("task %s: %s; stopping its worker", task_id, reason)
-                worker.retryable = False
+                worker.retryable = rec.restarts < self.config.memory_cap_restarts
                 worker.kill(reason)
+        if self._waiting:
+            self._admit_waiting()  # the device's free memory may have grown without any event
         self._loop.call_later(self.config.memory_check_s, self._check_memory)
+
+    def _gpu_trouble(self, exc: GpuError) -> None:
+        if str(exc) != self._gpu_error:
+            self._gpu_error = str(exc)
+            log.error("GPU query failed: %s (memory caps are not enforced while this lasts)", exc)
+
+    # -- memory admission ------------------------------------------------------------------------
+    def usable_bytes(self) -> int | None:
+        """What the resident side tasks may reserve in all (None: unbounded)."""
+        available = None
+        if self.gpu_control.device is not None:
+            try:
+                available = self.gpu_control.snapshot(w.pid for w in self.workers.values()).available_bytes
+            except GpuError as exc:
+                self._gpu_trouble(exc)
+        return usable_bytes(self.scheduler.trainer_free_memory_bytes, available, self.config.headroom_bytes)
+
+    def _admit(self, rec: TaskRecord, start_reason: str) -> bool:
+        """Reserve the task's cap, or park it with the reason visible in `freeride show`."""
+        why = self.admission.admit(rec.id, rec.spec.mem_limit_bytes, self.usable_bytes())
+        if not why:
+            self._waiting.pop(rec.id, None)
+            return True
+        first = rec.id not in self._waiting
+        self._waiting[rec.id] = start_reason
+        if rec.state.active and rec.state is not TaskState.STARTING:
+            self._set_state(rec, TaskState.STARTING, why)
+        elif rec.reason != why:
+            rec.reason = why
+            rec.updated_unix_s = time.time()
+            self._mark_dirty({rec.id}, ledger=False, delay_s=0)
+            self._publish(tasks_pb2.AgentEvent(time_ns=self._clock(), task=self.info(rec)))
+        if first:
+            log.info("task %s %s", rec.id, why)
+        return False
+
+    def _admit_waiting(self) -> None:
+        """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
+        for task_id in sorted(self._waiting, key=lambda i: (-self.records[i].spec.priority, int(i))):
+            rec = self.records[task_id]
+            start_reason = self._waiting[task_id]
+            if self._admit(rec, start_reason):
+                self._loop.create_task(self._start_worker(rec, start_reason))
 
     async def shutdown(self) -> None:
         """Ask every worker to checkpoint and exit; kill those that do not within the grace period."""
@@ -191,6 +256,7 @@ class Agent:
         self._ledger_dirty = True
         await self._flush()
         self._db.shutdown(wait=True)
+        self._gpu_pool.shutdown(wait=True)
 
     # -- management API --------------------------------------------------------------------------
     def get(self, task_id: str) -> TaskRecord:
@@ -288,13 +354,42 @@ class Agent:
                 trainers=self.trainers,
                 event_delay_us_p50=percentile(delays, 0.5) / 1e3,
                 event_delay_us_p99=percentile(delays, 0.99) / 1e3,
+                memory=self.gpu_memory(),
             ),
             tasks=[self.info(r) for r in self.records.values()],
         )
 
+    def gpu_memory(self) -> tasks_pb2.GpuMemory:
+        """GPU telemetry for `freeride stats` and the metrics: the device, the workers, the trainer's share."""
+        snap: GpuSnapshot | None
+        try:
+            snap = self.gpu_control.snapshot(w.pid for w in self.workers.values())
+        except GpuError as exc:
+            self._gpu_trouble(exc)
+            snap = None
+        hint = self.scheduler.trainer_free_memory_bytes
+        usable = self.usable_bytes()
+        out = tasks_pb2.GpuMemory(
+            mode=self.gpu_control.mode, mps=self.gpu_control.mps_state().label,
+            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0,
+            side_tasks_reserved_bytes=self.admission.reserved_bytes,
+            usable_bytes=-1 if usable is None else usable, headroom_bytes=self.config.headroom_bytes,
+            waiting_tasks=len(self._waiting),
+        )
+        if snap is not None and snap.mode != "cpu":
+            out.name, out.uuid, out.compute_mode = snap.name, snap.uuid, snap.compute_mode
+            out.total_bytes, out.used_bytes, out.free_bytes = snap.total_bytes, snap.used_bytes, snap.free_bytes
+            out.others_used_bytes = snap.others_used_bytes
+            if hint > 0:
+                out.trainer_peak_bytes = max(0, snap.total_bytes - hint)
+        return out
+
     # -- trainer side ----------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
+        hint = self.scheduler.trainer_free_memory_bytes
         self.scheduler.on_bubble(ev)
+        if self._waiting and self.scheduler.trainer_free_memory_bytes != hint:
+            self._admit_waiting()
 
     def _on_account(self, record: tasks_pb2.WindowRecord, per_task: dict[str, Counters], total: Counters) -> None:
         for task_id, c in per_task.items():
@@ -314,13 +409,29 @@ class Agent:
 
     # -- workers ---------------------------------------------------------------------------------
     async def _start_worker(self, rec: TaskRecord, reason: str = "") -> None:
-        if self.shutting_down or rec.state.terminal or rec.state is TaskState.PAUSED:
+        if self.shutting_down or rec.state.terminal or rec.state is TaskState.PAUSED or rec.id in self.workers:
+            return
+        if not self._admit(rec, reason):
             return
         self._set_state(rec, TaskState.STARTING, reason)
         self._instance += 1
-        worker = await self._launcher.spawn(rec.id, self._instance, self._on_worker_exit)
+        env = self.gpu_control.client_env(os.environ, rec.spec.mem_limit_bytes, rec.spec.no_mps)
+        worker = await self._launcher.spawn(rec.id, self._instance, self._on_worker_exit, env=env)
         self.workers[rec.id] = worker
         rec.pid = worker.pid
+        self.gpu_control.client_started(worker.pid)
+        if self.gpu_control.stops_clients and not rec.spec.no_mps:
+            worker.before_kill = self._terminate_client
+
+    async def _terminate_client(self, pid: int) -> None:
+        """Cancel the worker's queued GPU work through MPS before its process is killed."""
+        try:
+            done = await self._loop.run_in_executor(self._gpu_pool, self.gpu_control.stop_client, pid)
+        except GpuError as exc:
+            log.warning("MPS terminate_client for worker %d failed: %s; killing it anyway", pid, exc)
+            return
+        for server, client in done:
+            log.info("MPS: terminated client %d of server %d before killing it", client, server)
 
     def attach(
         self, task_id: str, instance: int, outbox: asyncio.Queue[worker_pb2.AgentCommand | None]
@@ -395,12 +506,16 @@ class Agent:
         if self.workers.get(worker.task_id) is not worker:
             return
         del self.workers[worker.task_id]
+        self.admission.release(worker.task_id)
         self._outboxes.pop(worker.task_id, None)
         self.scheduler.remove_task(worker.task_id)
         rec = self.records[worker.task_id]
         rec.pid = 0
+        rec.memory_bytes = 0
         desired = self._desired.pop(worker.task_id, None)
         log.info("task %s: %s", rec.id, describe_exit(code))
+        if self._waiting:
+            self._loop.call_soon(self._admit_waiting)  # after this exit's own state change
         if self.shutting_down or rec.state.terminal or rec.state is TaskState.PAUSED:
             return
         if desired is not None:

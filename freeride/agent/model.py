@@ -66,6 +66,7 @@ class TaskSpec:
     mem_limit_bytes: int = 0
     max_restarts: int = -1
     checkpoint_interval_s: float = 0.0
+    no_mps: bool = False  # run time-sliced, outside MPS: a GPU fault in an MPS client reaches all clients
 
 
 @dataclass
@@ -103,3 +104,4 @@ class TaskRecord:
     step_estimate_ns: int = 0
     peak_memory_bytes: int = 0
     pid: int = 0
+    memory_bytes: int = 0  # at the watchdog's latest sample (not persisted)

@@ -22,6 +22,8 @@ from freeride.agent.core import Agent
 from freeride.agent.registry import Registry
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.workers import WorkerLauncher
+from freeride.gpu.control import GpuControl
+from freeride.gpu.doctor import log_failures
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")
@@ -73,7 +75,14 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
     )
-    agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"))
+    log_failures(config)
+    gpu = await asyncio.get_running_loop().run_in_executor(
+        None, lambda: GpuControl.open(
+            config.gpu, config.fake_gpu, config.mps, config.mps_control,
+            config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path, config.mps_thread_percentage,
+        )
+    )
+    agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"), gpu=gpu)
     health = HealthServicer()
     tasks_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(agent), server)
     trainer_pb2_grpc.add_BubbleServiceServicer_to_server(BubbleServicer(agent), server)
@@ -112,6 +121,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     await agent.shutdown()
     await server.stop(grace=1.0)
     registry.close()
+    gpu.close()  # MPS `quit` if this agent started the daemon
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
     lock.close()

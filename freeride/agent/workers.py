@@ -8,13 +8,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from freeride._window import WindowWriter
 
 log = logging.getLogger(__name__)
+
+_BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
 
 
 @dataclass
@@ -28,15 +30,33 @@ class WorkerProcess:
     failure: str = ""
     retryable: bool = True
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    # Runs before the SIGKILL (MPS terminate_client: cancel the worker's queued GPU work first).
+    before_kill: Callable[[int], Awaitable[None]] | None = None
+    _stopping: bool = False
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def kill(self, reason: str) -> None:
-        """SIGKILL the worker's whole process group (a task's own children die with it)."""
+        """SIGKILL the worker's whole process group (a task's own children die with it), after before_kill."""
         if not self.kill_reason:
             self.kill_reason = reason
+        if self.before_kill is not None and not self.exited.is_set():
+            if not self._stopping:
+                self._stopping = True
+                asyncio.get_running_loop().create_task(self._stop_then_kill(self.before_kill))
+            return
+        self._killpg()
+
+    async def _stop_then_kill(self, hook: Callable[[int], Awaitable[None]]) -> None:
+        try:
+            await asyncio.wait_for(hook(self.proc.pid), timeout=_BEFORE_KILL_S)
+        except Exception as exc:  # a stuck or failing hook must not keep a worker alive
+            log.warning("worker %d: stopping it cleanly failed (%s); killing it", self.proc.pid, exc)
+        self._killpg()
+
+    def _killpg(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -48,11 +68,13 @@ class WorkerLauncher:
         self._env = env
 
     async def spawn(
-        self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None]
+        self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
+        """Start a worker; `env` (its GPU client settings) replaces the launcher's environment when given."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"task-{task_id}.log"
-        env = dict(os.environ if self._env is None else self._env)
+        env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         with open(log_path, "ab") as logf:

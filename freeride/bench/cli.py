@@ -7,7 +7,7 @@ import json
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from freeride.bench import control, harvest, trainer
+    from freeride.bench import control, harvest, overhead, trainer
 
     c = sub.add_parser("control", help="control-path latency: hook cost, grant and revoke latency")
     control.add_args(c)
@@ -21,6 +21,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     trainer.add_args(t)
     t.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
     t.set_defaults(func=lambda ns: _emit(trainer.run(ns)))
+    o = sub.add_parser("overhead", help="side tasks' cost to a real stage's kernels on one GPU (needs CUDA)")
+    overhead.add_args(o)
+    o.add_argument("--json", action="store_true", help="JSON output (the only format; kept for symmetry)")
+    o.set_defaults(func=lambda ns: _emit(overhead.run(ns)))
 
 
 def _emit(result: dict[str, object]) -> int:

@@ -34,3 +34,44 @@ class NoopTask(IterativeTask):
 
     def step(self) -> None:
         time.sleep(self.step_s)
+
+
+class MatmulTask(IterativeTask):
+    """A synthetic GPU (or CPU) task: each step is square matmuls sized to take about step_ms, then a sync,
+    so a step's end is when its kernels are done (what bounds an overrun)."""
+
+    def __init__(self, step_ms: float = 5.0, size: int = 2048, device: str = "") -> None:
+        self.step_s = step_ms / 1e3
+        self.size = size
+        self.device = device
+        self.repeats = 1
+        self.steps = 0
+
+    def setup(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._dev = torch.device(self.device or self.context.device)
+        if self._dev.type == "cpu":
+            torch.set_num_threads(1)  # leave the trainer its cores
+        dtype = torch.bfloat16 if self._dev.type == "cuda" else torch.float32
+        self._a = torch.randn(self.size, self.size, device=self._dev, dtype=dtype)
+        self._b = torch.randn(self.size, self.size, device=self._dev, dtype=dtype)
+        self._run(3)  # warm up, then size the step
+        t0 = time.perf_counter()
+        self._run(5)
+        per = (time.perf_counter() - t0) / 5
+        self.repeats = max(1, round(self.step_s / per)) if per > 0 else 1
+
+    def _run(self, n: int) -> None:
+        for _ in range(n):
+            self._a = (self._a @ self._b) * (1.0 / self.size)
+        if self._dev.type == "cuda":
+            self._torch.cuda.synchronize(self._dev)
+
+    def step(self) -> None:
+        self._run(self.repeats)
+        self.steps += 1
+
+    def progress(self) -> Mapping[str, float]:
+        return {"steps": float(self.steps), "matmuls_per_step": float(self.repeats)}

@@ -42,6 +42,28 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-check-s", type=float,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
+    add_gpu_args(p)
+
+
+def add_gpu_args(p: argparse.ArgumentParser) -> None:
+    """The GPU layer's agent flags (docs/gpu.md); `freeride doctor` takes the same."""
+    d = AgentConfig()
+    g = p.add_argument_group("GPU (docs/gpu.md)")
+    g.add_argument("--fake-gpu", nargs="?", const="default", metavar="SPEC",
+                   help="run on a fake GPU, e.g. 'name=Fake H100,total=80GiB,used=60GiB' (env FREERIDE_FAKE_GPU)")
+    g.add_argument("--headroom", dest="headroom_bytes", type=parse_size, metavar="SIZE",
+                   help=f"GPU memory kept free beyond the trainer's needs (default {format_size(d.headroom_bytes)}; "
+                        "env FREERIDE_HEADROOM_BYTES)")
+    g.add_argument("--memory-cap-restarts", type=int,
+                   help="restarts after memory_cap_exceeded before FAILED (default 0: FAILED at once)")
+    g.add_argument("--mps", choices=["off", "start", "use"],
+                   help="CUDA MPS: off (default), start a control daemon, or use a running one (env FREERIDE_MPS)")
+    g.add_argument("--mps-control", metavar="PROGRAM",
+                   help=f"MPS control program (default {d.mps_control}; env FREERIDE_MPS_CONTROL)")
+    g.add_argument("--mps-pipe-dir", type=Path, help="MPS pipe directory (default: per GPU beside the socket)")
+    g.add_argument("--mps-log-dir", type=Path, help="MPS log directory (default: beside the pipe directory)")
+    g.add_argument("--mps-thread-percentage", type=int, metavar="PCT",
+                   help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks (default: not set)")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -77,6 +99,18 @@ def cmd_agent(ns: argparse.Namespace) -> int:
     return asyncio.run(serve(config))
 
 
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from freeride.gpu.doctor import as_json, failed, format_line, run_checks
+
+    checks = run_checks(agent_config(ns))
+    if ns.json:
+        print(json.dumps(as_json(checks), indent=2))
+    else:
+        for c in checks:
+            print(format_line(c))
+    return 1 if failed(checks) else 0
+
+
 # -- client commands ------------------------------------------------------------------------------
 def _client(ns: argparse.Namespace) -> AgentClient:
     gpu = ns.gpu
@@ -100,7 +134,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     spec = tasks_pb2.TaskSpec(
         name=ns.name, ref=absolute_ref(ns.ref), args=args, priority=ns.priority, mem_limit_bytes=mem,
         max_restarts=ns.max_restarts if ns.max_restarts >= 0 else None,
-        checkpoint_interval_s=ns.checkpoint_interval,
+        checkpoint_interval_s=ns.checkpoint_interval, no_mps=ns.no_mps,
     )
     if not 0 <= ns.priority <= 100:
         raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")
@@ -152,6 +186,8 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
         ("args", " ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items())) or "-"),
         ("state", _STATE_NAMES[info.state]), ("reason", info.reason or "-"),
         ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
+        ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps
+                                                         else "MPS client when the agent runs MPS"),
         ("restarts", str(info.restarts)), ("pid", str(info.pid or "-")),
         ("steps", str(cnt.steps)), ("harvested", format_seconds(cnt.harvested_s)),
         ("overruns", f"{cnt.overrun_steps} steps, {format_seconds(cnt.overrun_s)}"),
@@ -206,8 +242,9 @@ def cmd_stats(ns: argparse.Namespace) -> int:
         f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", f"{g.prediction_error_p50:.1%}",
     )
     console.print(gt)
+    console.print(_memory_table(g.memory))
     tt = Table(title="tasks")
-    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95"):
+    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95", "memory"):
         tt.add_column(col)
     for t in stats.tasks:
         cnt = t.counters
@@ -215,9 +252,26 @@ def cmd_stats(ns: argparse.Namespace) -> int:
             t.id, t.spec.name, _STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
             f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
             f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
+            f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
         )
     console.print(tt)
     return 0
+
+
+def _memory_table(m: tasks_pb2.GpuMemory) -> Table:
+    where = f"{m.name} ({m.uuid}), compute mode {m.compute_mode}" if m.mode != "cpu" else "CPU mode: resident memory"
+    t = Table(title=f"memory: {where}, MPS {m.mps or 'off'}" + (" [fake GPU]" if m.mode == "fake" else ""))
+    for col in ("total", "used", "free", "trainer & others", "trainer peak", "side tasks (now / reserved)",
+                "usable for side tasks", "waiting"):
+        t.add_column(col)
+    t.add_row(
+        format_size(m.total_bytes), format_size(m.used_bytes), format_size(m.free_bytes),
+        format_size(m.others_used_bytes), format_size(m.trainer_peak_bytes),
+        f"{format_size(m.side_tasks_used_bytes)} / {format_size(m.side_tasks_reserved_bytes)}",
+        "unbounded" if m.usable_bytes < 0 else format_size(m.usable_bytes) if m.usable_bytes else "0",
+        str(m.waiting_tasks),
+    )
+    return t
 
 
 def _dict(msg: object) -> dict:

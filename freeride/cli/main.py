@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mem", default="", help="memory cap, e.g. 4GiB (default: the task's own)")
     s.add_argument("--max-restarts", type=int, default=-1, help="crash restarts before FAILED (default: agent's)")
     s.add_argument("--checkpoint-interval", type=float, default=0.0, metavar="SECONDS")
+    s.add_argument("--no-mps", action="store_true",
+                   help="run outside MPS, time-sliced: for untrusted tasks (an MPS client's GPU fault reaches all)")
     s.set_defaults(func=commands.cmd_submit)
 
     ls = sub.add_parser("ls", help="list tasks")
@@ -74,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         _add_agent_args(p)
         p.add_argument("task_id")
         p.set_defaults(func=commands.cmd_task_action, action=name)
+
+    doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
+    commands.add_gpu_args(doc)
+    doc.add_argument("--gpu", type=int, help="GPU index to check (env FREERIDE_GPU)")
+    doc.add_argument("--state-dir", type=Path, help="the agent's state dir (env FREERIDE_STATE_DIR)")
+    doc.add_argument("--socket", type=Path, help="the agent's socket path (env FREERIDE_SOCKET)")
+    doc.add_argument("--json", action="store_true", help="print JSON")
+    doc.set_defaults(func=commands.cmd_doctor)
 
     st = sub.add_parser("stats", help="harvested GPU time per task and per GPU")
     _add_agent_args(st)

@@ -250,13 +250,16 @@ class Worker:
         task.context = TaskContext(
             task_id=self.task_id,
             checkpoint_path=setup.checkpoint_path,
+            device=os.environ.get("FREERIDE_DEVICE", "cpu"),  # the agent sets cuda:0 on a GPU
             mem_limit_bytes=setup.mem_limit_bytes,
             _runtime=self.gate,
         )
         self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
         try:
+            limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)
             task.setup()
+            limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
             resumed = self._restore()
         except Exception as exc:
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
@@ -349,6 +352,38 @@ class Worker:
         self.gate.total_steps = int(payload["steps"])
         self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
         return self.gate.total_steps
+
+
+_torch_limited = False
+
+
+def limit_torch_memory(cap_bytes: int, device: str, before_setup: bool) -> None:
+    """Cap PyTorch's caching allocator at the task's memory cap (a second line behind MPS's pinned limit).
+
+    Before setup only when the agent put the worker on a GPU (importing torch costs a second);
+    after setup for any task that initialised CUDA itself. The MPS client settings are already in
+    the environment (the agent spawned the worker with them), so creating the context here is safe.
+    """
+    global _torch_limited
+    if cap_bytes <= 0 or _torch_limited:
+        return
+    if before_setup and not device.startswith("cuda"):
+        return
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        if not before_setup:
+            return
+        try:
+            import torch
+        except ImportError:
+            return
+    if not torch.cuda.is_available() or (not before_setup and not torch.cuda.is_initialized()):
+        return
+    index = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), index)
+    _torch_limited = True
+    log.info("torch memory fraction on cuda:%d set to %.3f (cap %d MiB)", index, cap_bytes / total, cap_bytes >> 20)
 
 
 def main(argv: list[str] | None = None) -> int:

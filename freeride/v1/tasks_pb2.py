@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66reeride/v1/tasks.proto\x12\x0b\x66reeride.v1\"\xf7\x01\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12-\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x1f.freeride.v1.TaskSpec.ArgsEntry\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fmem_limit_bytes\x18\x05 \x01(\x03\x12\x19\n\x0cmax_restarts\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x07 \x01(\x01\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0f\n\r_max_restarts\"\xb7\x01\n\x0cTaskCounters\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x13\n\x0bharvested_s\x18\x02 \x01(\x01\x12\x11\n\toverrun_s\x18\x03 \x01(\x01\x12\x15\n\roverrun_steps\x18\x04 \x01(\x04\x12\x0f\n\x07windows\x18\x05 \x01(\x04\x12\x14\n\x0ckilled_steps\x18\x06 \x01(\x04\x12\x17\n\x0fstep_estimate_s\x18\x07 \x01(\x01\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\"\xfe\x02\n\x08TaskInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x04spec\x18\x02 \x01(\x0b\x32\x15.freeride.v1.TaskSpec\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.freeride.v1.TaskState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08restarts\x18\x05 \x01(\x05\x12\x16\n\x0e\x63reated_unix_s\x18\x06 \x01(\x01\x12\x16\n\x0eupdated_unix_s\x18\x07 \x01(\x01\x12+\n\x08\x63ounters\x18\x08 \x01(\x0b\x32\x19.freeride.v1.TaskCounters\x12\x35\n\x08progress\x18\t \x03(\x0b\x32#.freeride.v1.TaskInfo.ProgressEntry\x12\x18\n\x10\x63heckpoint_steps\x18\n \x01(\x04\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x0b\n\x03pid\x18\x0c \x01(\x05\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"4\n\rSubmitRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.freeride.v1.TaskSpec\"\x15\n\x07TaskRef\x12\n\n\x02id\x18\x01 \x01(\t\"5\n\x0bListRequest\x12&\n\x06states\x18\x01 \x03(\x0e\x32\x16.freeride.v1.TaskState\"4\n\x0cListResponse\x12$\n\x05tasks\x18\x01 \x03(\x0b\x32\x15.freeride.v1.TaskInfo\"\x0e\n\x0cStatsRequest\"\xf7\x02\n\x08GpuStats\x12\x0b\n\x03gpu\x18\x01 \x01(\x05\x12\x0f\n\x07\x62ubbles\x18\x02 \x01(\x04\x12\x10\n\x08\x62ubble_s\x18\x03 \x01(\x01\x12\x13\n\x0bharvested_s\x18\x04 \x01(\x01\x12\x11\n\toverrun_s\x18\x05 \x01(\x01\x12\x15\n\roverrun_steps\x18\x06 \x01(\x04\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x0f\n\x07windows\x18\x08 \x01(\x04\x12\x0e\n\x06\x65vents\x18\t \x01(\x04\x12\x1c\n\x14prediction_error_p50\x18\n \x01(\x01\x12\x10\n\x08uptime_s\x18\x0b \x01(\x01\x12\x16\n\x0e\x64ropped_events\x18\x0c \x01(\x04\x12\x10\n\x08trainers\x18\r \x01(\r\x12\x1a\n\x12\x65vent_delay_us_p50\x18\x0e \x01(\x01\x12\x1a\n\x12\x65vent_delay_us_p99\x18\x0f \x01(\x01\x12\x17\n\x0frejected_events\x18\x10 \x01(\x04\x12!\n\x19trainer_free_memory_bytes\x18\x11 \x01(\x03\"Y\n\rStatsResponse\x12\"\n\x03gpu\x18\x01 \x01(\x0b\x32\x15.freeride.v1.GpuStats\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.freeride.v1.TaskInfo\"\x0e\n\x0cWatchRequest\"y\n\nAgentEvent\x12\x0f\n\x07time_ns\x18\x01 \x01(\x03\x12%\n\x04task\x18\x02 \x01(\x0b\x32\x15.freeride.v1.TaskInfoH\x00\x12+\n\x06window\x18\x03 \x01(\x0b\x32\x19.freeride.v1.WindowRecordH\x00\x42\x06\n\x04\x62ody\"\xd2\x01\n\x0cWindowRecord\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x11\n\titeration\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ubble_start_ns\x18\x05 \x01(\x03\x12\x15\n\rbubble_end_ns\x18\x06 \x01(\x03\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\x12\x14\n\x0cpredicted_ns\x18\x08 \x01(\x03\x12(\n\x06shares\x18\t \x03(\x0b\x32\x18.freeride.v1.WindowShare\"z\n\x0bWindowShare\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x15\n\rfirst_step_ns\x18\x02 \x01(\x03\x12\x0f\n\x07idle_ns\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x0f\n\x07\x62usy_ns\x18\x05 \x01(\x03\x12\x12\n\noverrun_ns\x18\x06 \x01(\x03*\xe5\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_SUBMITTED\x10\x01\x12\x17\n\x13TASK_STATE_STARTING\x10\x02\x12\x14\n\x10TASK_STATE_READY\x10\x03\x12\x16\n\x12TASK_STATE_RUNNING\x10\x04\x12\x15\n\x11TASK_STATE_PAUSED\x10\x05\x12\x13\n\x0fTASK_STATE_DONE\x10\x06\x12\x15\n\x11TASK_STATE_FAILED\x10\x07\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x08\x32\xde\x03\n\x0bTaskService\x12;\n\x06Submit\x12\x1a.freeride.v1.SubmitRequest\x1a\x15.freeride.v1.TaskInfo\x12;\n\x04List\x12\x18.freeride.v1.ListRequest\x1a\x19.freeride.v1.ListResponse\x12\x32\n\x03Get\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x35\n\x06\x43\x61ncel\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x34\n\x05Pause\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x35\n\x06Resume\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12>\n\x05Stats\x12\x19.freeride.v1.StatsRequest\x1a\x1a.freeride.v1.StatsResponse\x12=\n\x05Watch\x12\x19.freeride.v1.WatchRequest\x1a\x17.freeride.v1.AgentEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66reeride/v1/tasks.proto\x12\x0b\x66reeride.v1\"\x87\x02\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12-\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x1f.freeride.v1.TaskSpec.ArgsEntry\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fmem_limit_bytes\x18\x05 \x01(\x03\x12\x19\n\x0cmax_restarts\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x07 \x01(\x01\x12\x0e\n\x06no_mps\x18\x14 \x01(\x08\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0f\n\r_max_restarts\"\xb7\x01\n\x0cTaskCounters\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x13\n\x0bharvested_s\x18\x02 \x01(\x01\x12\x11\n\toverrun_s\x18\x03 \x01(\x01\x12\x15\n\roverrun_steps\x18\x04 \x01(\x04\x12\x0f\n\x07windows\x18\x05 \x01(\x04\x12\x14\n\x0ckilled_steps\x18\x06 \x01(\x04\x12\x17\n\x0fstep_estimate_s\x18\x07 \x01(\x01\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\"\x94\x03\n\x08TaskInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12#\n\x04spec\x18\x02 \x01(\x0b\x32\x15.freeride.v1.TaskSpec\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.freeride.v1.TaskState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08restarts\x18\x05 \x01(\x05\x12\x16\n\x0e\x63reated_unix_s\x18\x06 \x01(\x01\x12\x16\n\x0eupdated_unix_s\x18\x07 \x01(\x01\x12+\n\x08\x63ounters\x18\x08 \x01(\x0b\x32\x19.freeride.v1.TaskCounters\x12\x35\n\x08progress\x18\t \x03(\x0b\x32#.freeride.v1.TaskInfo.ProgressEntry\x12\x18\n\x10\x63heckpoint_steps\x18\n \x01(\x04\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x0b\n\x03pid\x18\x0c \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x14 \x01(\x03\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"4\n\rSubmitRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.freeride.v1.TaskSpec\"\x15\n\x07TaskRef\x12\n\n\x02id\x18\x01 \x01(\t\"5\n\x0bListRequest\x12&\n\x06states\x18\x01 \x03(\x0e\x32\x16.freeride.v1.TaskState\"4\n\x0cListResponse\x12$\n\x05tasks\x18\x01 \x03(\x0b\x32\x15.freeride.v1.TaskInfo\"\x0e\n\x0cStatsRequest\"\x9f\x03\n\x08GpuStats\x12\x0b\n\x03gpu\x18\x01 \x01(\x05\x12\x0f\n\x07\x62ubbles\x18\x02 \x01(\x04\x12\x10\n\x08\x62ubble_s\x18\x03 \x01(\x01\x12\x13\n\x0bharvested_s\x18\x04 \x01(\x01\x12\x11\n\toverrun_s\x18\x05 \x01(\x01\x12\x15\n\roverrun_steps\x18\x06 \x01(\x04\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x0f\n\x07windows\x18\x08 \x01(\x04\x12\x0e\n\x06\x65vents\x18\t \x01(\x04\x12\x1c\n\x14prediction_error_p50\x18\n \x01(\x01\x12\x10\n\x08uptime_s\x18\x0b \x01(\x01\x12\x16\n\x0e\x64ropped_events\x18\x0c \x01(\x04\x12\x10\n\x08trainers\x18\r \x01(\r\x12\x1a\n\x12\x65vent_delay_us_p50\x18\x0e \x01(\x01\x12\x1a\n\x12\x65vent_delay_us_p99\x18\x0f \x01(\x01\x12\x17\n\x0frejected_events\x18\x10 \x01(\x04\x12!\n\x19trainer_free_memory_bytes\x18\x11 \x01(\x03\x12&\n\x06memory\x18\x14 \x01(\x0b\x32\x16.freeride.v1.GpuMemory\"\xd3\x02\n\tGpuMemory\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x14\n\x0c\x63ompute_mode\x18\x04 \x01(\t\x12\x0b\n\x03mps\x18\x05 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\x12\x12\n\nused_bytes\x18\x07 \x01(\x03\x12\x12\n\nfree_bytes\x18\x08 \x01(\x03\x12\x1d\n\x15side_tasks_used_bytes\x18\t \x01(\x03\x12!\n\x19side_tasks_reserved_bytes\x18\n \x01(\x03\x12\x19\n\x11others_used_bytes\x18\x0b \x01(\x03\x12\x1a\n\x12trainer_peak_bytes\x18\x0c \x01(\x03\x12\x14\n\x0cusable_bytes\x18\r \x01(\x03\x12\x16\n\x0eheadroom_bytes\x18\x0e \x01(\x03\x12\x15\n\rwaiting_tasks\x18\x0f \x01(\r\"Y\n\rStatsResponse\x12\"\n\x03gpu\x18\x01 \x01(\x0b\x32\x15.freeride.v1.GpuStats\x12$\n\x05tasks\x18\x02 \x03(\x0b\x32\x15.freeride.v1.TaskInfo\"\x0e\n\x0cWatchRequest\"y\n\nAgentEvent\x12\x0f\n\x07time_ns\x18\x01 \x01(\x03\x12%\n\x04task\x18\x02 \x01(\x0b\x32\x15.freeride.v1.TaskInfoH\x00\x12+\n\x06window\x18\x03 \x01(\x0b\x32\x19.freeride.v1.WindowRecordH\x00\x42\x06\n\x04\x62ody\"\xd2\x01\n\x0cWindowRecord\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x11\n\titeration\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ubble_start_ns\x18\x05 \x01(\x03\x12\x15\n\rbubble_end_ns\x18\x06 \x01(\x03\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\x12\x14\n\x0cpredicted_ns\x18\x08 \x01(\x03\x12(\n\x06shares\x18\t \x03(\x0b\x32\x18.freeride.v1.WindowShare\"z\n\x0bWindowShare\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x15\n\rfirst_step_ns\x18\x02 \x01(\x03\x12\x0f\n\x07idle_ns\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x0f\n\x07\x62usy_ns\x18\x05 \x01(\x03\x12\x12\n\noverrun_ns\x18\x06 \x01(\x03*\xe5\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATE_SUBMITTED\x10\x01\x12\x17\n\x13TASK_STATE_STARTING\x10\x02\x12\x14\n\x10TASK_STATE_READY\x10\x03\x12\x16\n\x12TASK_STATE_RUNNING\x10\x04\x12\x15\n\x11TASK_STATE_PAUSED\x10\x05\x12\x13\n\x0fTASK_STATE_DONE\x10\x06\x12\x15\n\x11TASK_STATE_FAILED\x10\x07\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x08\x32\xde\x03\n\x0bTaskService\x12;\n\x06Submit\x12\x1a.freeride.v1.SubmitRequest\x1a\x15.freeride.v1.TaskInfo\x12;\n\x04List\x12\x18.freeride.v1.ListRequest\x1a\x19.freeride.v1.ListResponse\x12\x32\n\x03Get\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x35\n\x06\x43\x61ncel\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x34\n\x05Pause\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12\x35\n\x06Resume\x12\x14.freeride.v1.TaskRef\x1a\x15.freeride.v1.TaskInfo\x12>\n\x05Stats\x12\x19.freeride.v1.StatsRequest\x1a\x1a.freeride.v1.StatsResponse\x12=\n\x05Watch\x12\x19.freeride.v1.WatchRequest\x1a\x17.freeride.v1.AgentEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,40 +35,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKSPEC_ARGSENTRY']._serialized_options = b'8\001'
   _globals['_TASKINFO_PROGRESSENTRY']._loaded_options = None
   _globals['_TASKINFO_PROGRESSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKSTATE']._serialized_start=2009
-  _globals['_TASKSTATE']._serialized_end=2238
+  _globals['_TASKSTATE']._serialized_start=2429
+  _globals['_TASKSTATE']._serialized_end=2658
   _globals['_TASKSPEC']._serialized_start=41
-  _globals['_TASKSPEC']._serialized_end=288
-  _globals['_TASKSPEC_ARGSENTRY']._serialized_start=228
-  _globals['_TASKSPEC_ARGSENTRY']._serialized_end=271
-  _globals['_TASKCOUNTERS']._serialized_start=291
-  _globals['_TASKCOUNTERS']._serialized_end=474
-  _globals['_TASKINFO']._serialized_start=477
-  _globals['_TASKINFO']._serialized_end=859
-  _globals['_TASKINFO_PROGRESSENTRY']._serialized_start=812
-  _globals['_TASKINFO_PROGRESSENTRY']._serialized_end=859
-  _globals['_SUBMITREQUEST']._serialized_start=861
-  _globals['_SUBMITREQUEST']._serialized_end=913
-  _globals['_TASKREF']._serialized_start=915
-  _globals['_TASKREF']._serialized_end=936
-  _globals['_LISTREQUEST']._serialized_start=938
-  _globals['_LISTREQUEST']._serialized_end=991
-  _globals['_LISTRESPONSE']._serialized_start=993
-  _globals['_LISTRESPONSE']._serialized_end=1045
-  _globals['_STATSREQUEST']._serialized_start=1047
-  _globals['_STATSREQUEST']._serialized_end=1061
-  _globals['_GPUSTATS']._serialized_start=1064
-  _globals['_GPUSTATS']._serialized_end=1439
-  _globals['_STATSRESPONSE']._serialized_start=1441
-  _globals['_STATSRESPONSE']._serialized_end=1530
-  _globals['_WATCHREQUEST']._serialized_start=1532
-  _globals['_WATCHREQUEST']._serialized_end=1546
-  _globals['_AGENTEVENT']._serialized_start=1548
-  _globals['_AGENTEVENT']._serialized_end=1669
-  _globals['_WINDOWRECORD']._serialized_start=1672
-  _globals['_WINDOWRECORD']._serialized_end=1882
-  _globals['_WINDOWSHARE']._serialized_start=1884
-  _globals['_WINDOWSHARE']._serialized_end=2006
-  _globals['_TASKSERVICE']._serialized_start=2241
-  _globals['_TASKSERVICE']._serialized_end=2719
+  _globals['_TASKSPEC']._serialized_end=304
+  _globals['_TASKSPEC_ARGSENTRY']._serialized_start=244
+  _globals['_TASKSPEC_ARGSENTRY']._serialized_end=287
+  _globals['_TASKCOUNTERS']._serialized_start=307
+  _globals['_TASKCOUNTERS']._serialized_end=490
+  _globals['_TASKINFO']._serialized_start=493
+  _globals['_TASKINFO']._serialized_end=897
+  _globals['_TASKINFO_PROGRESSENTRY']._serialized_start=850
+  _globals['_TASKINFO_PROGRESSENTRY']._serialized_end=897
+  _globals['_SUBMITREQUEST']._serialized_start=899
+  _globals['_SUBMITREQUEST']._serialized_end=951
+  _globals['_TASKREF']._serialized_start=953
+  _globals['_TASKREF']._serialized_end=974
+  _globals['_LISTREQUEST']._serialized_start=976
+  _globals['_LISTREQUEST']._serialized_end=1029
+  _globals['_LISTRESPONSE']._serialized_start=1031
+  _globals['_LISTRESPONSE']._serialized_end=1083
+  _globals['_STATSREQUEST']._serialized_start=1085
+  _globals['_STATSREQUEST']._serialized_end=1099
+  _globals['_GPUSTATS']._serialized_start=1102
+  _globals['_GPUSTATS']._serialized_end=1517
+  _globals['_GPUMEMORY']._serialized_start=1520
+  _globals['_GPUMEMORY']._serialized_end=1859
+  _globals['_STATSRESPONSE']._serialized_start=1861
+  _globals['_STATSRESPONSE']._serialized_end=1950
+  _globals['_WATCHREQUEST']._serialized_start=1952
+  _globals['_WATCHREQUEST']._serialized_end=1966
+  _globals['_AGENTEVENT']._serialized_start=1968
+  _globals['_AGENTEVENT']._serialized_end=2089
+  _globals['_WINDOWRECORD']._serialized_start=2092
+  _globals['_WINDOWRECORD']._serialized_end=2302
+  _globals['_WINDOWSHARE']._serialized_start=2304
+  _globals['_WINDOWSHARE']._serialized_end=2426
+  _globals['_TASKSERVICE']._serialized_start=2661
+  _globals['_TASKSERVICE']._serialized_end=3139
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "ref", "args", "priority", "mem_limit_bytes", "max_restarts", "checkpoint_interval_s")
+    __slots__ = ("name", "ref", "args", "priority", "mem_limit_bytes", "max_restarts", "checkpoint_interval_s", "no_mps")
     class ArgsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class TaskSpec(_message.Message):
     MEM_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    NO_MPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     ref: str
     args: _containers.ScalarMap[str, str]
@@ -51,7 +52,8 @@ class TaskSpec(_message.Message):
     mem_limit_bytes: int
     max_restarts: int
     checkpoint_interval_s: float
-    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ...) -> None: ...
+    no_mps: bool
+    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ..., no_mps: _Optional[bool] = ...) -> None: ...
 
 class TaskCounters(_message.Message):
     __slots__ = ("steps", "harvested_s", "overrun_s", "overrun_steps", "windows", "killed_steps", "step_estimate_s", "peak_memory_bytes")
@@ -74,7 +76,7 @@ class TaskCounters(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., windows: _Optional[int] = ..., killed_steps: _Optional[int] = ..., step_estimate_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "restarts", "created_unix_s", "updated_unix_s", "counters", "progress", "checkpoint_steps", "kind", "pid")
+    __slots__ = ("id", "spec", "state", "reason", "restarts", "created_unix_s", "updated_unix_s", "counters", "progress", "checkpoint_steps", "kind", "pid", "memory_bytes")
     class ProgressEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +96,7 @@ class TaskInfo(_message.Message):
     CHECKPOINT_STEPS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -106,7 +109,8 @@ class TaskInfo(_message.Message):
     checkpoint_steps: int
     kind: str
     pid: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., progress: _Optional[_Mapping[str, float]] = ..., checkpoint_steps: _Optional[int] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    memory_bytes: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., progress: _Optional[_Mapping[str, float]] = ..., checkpoint_steps: _Optional[int] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("spec",)
@@ -137,7 +141,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes")
+    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "memory")
     GPU_FIELD_NUMBER: _ClassVar[int]
     BUBBLES_FIELD_NUMBER: _ClassVar[int]
     BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +159,7 @@ class GpuStats(_message.Message):
     EVENT_DELAY_US_P99_FIELD_NUMBER: _ClassVar[int]
     REJECTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     bubbles: int
     bubble_s: float
@@ -172,7 +177,42 @@ class GpuStats(_message.Message):
     event_delay_us_p99: float
     rejected_events: int
     trainer_free_memory_bytes: int
-    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ...) -> None: ...
+    memory: GpuMemory
+    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ...) -> None: ...
+
+class GpuMemory(_message.Message):
+    __slots__ = ("mode", "name", "uuid", "compute_mode", "mps", "total_bytes", "used_bytes", "free_bytes", "side_tasks_used_bytes", "side_tasks_reserved_bytes", "others_used_bytes", "trainer_peak_bytes", "usable_bytes", "headroom_bytes", "waiting_tasks")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MODE_FIELD_NUMBER: _ClassVar[int]
+    MPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SIDE_TASKS_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SIDE_TASKS_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OTHERS_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    name: str
+    uuid: str
+    compute_mode: str
+    mps: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    side_tasks_used_bytes: int
+    side_tasks_reserved_bytes: int
+    others_used_bytes: int
+    trainer_peak_bytes: int
+    usable_bytes: int
+    headroom_bytes: int
+    waiting_tasks: int
+    def __init__(self, mode: _Optional[str] = ..., name: _Optional[str] = ..., uuid: _Optional[str] = ..., compute_mode: _Optional[str] = ..., mps: _Optional[str] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., side_tasks_used_bytes: _Optional[int] = ..., side_tasks_reserved_bytes: _Optional[int] = ..., others_used_bytes: _Optional[int] = ..., trainer_peak_bytes: _Optional[int] = ..., usable_bytes: _Optional[int] = ..., headroom_bytes: _Optional[int] = ..., waiting_tasks: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("gpu", "tasks")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import BackgroundTrainer, spec
 
-from freeride.harness import wait_for_task
+from freeride.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 MiB = 2**20
 
 
-def test_a_task_past_its_cap_is_stopped_at_the_next_sample_and_nothing_else_is_touched(agent, client) -> None:
-    hog = client.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "4"}, mem_limit_bytes=200 * MiB))
+def test_a_task_past_its_cap_is_stopped_within_a_second_and_nothing_else_is_touched(
+    agent: AgentProcess, client, tmp_path: Path
+) -> None:
+    crossed = tmp_path / "crossed"
+    hog = client.submit(tasks_pb2.TaskSpec(ref=spec("TimedHog").ref, mem_limit_bytes=200 * MiB,
+                                           args={"step_mb": "4", "marker": str(crossed), "mark_mb": "200"}))
     calm = client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "1"}, mem_limit_bytes=400 * MiB))
     for t in (hog, calm):
         wait_for_task(client, t.id, [tasks_pb2.TASK_STATE_READY])
@@ -24,10 +30,30 @@ def test_a_task_past_its_cap_is_stopped_at_the_next_sample_and_nothing_else_is_t
         iterations = trainer.iterations
         wait_for_task(client, calm.id, [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING])
         later = client.get(calm.id)
-    # Caught at the first sample above the cap: the watchdog samples every 0.25 s, and in 0.25 s the hog
-    # grows well under 400 MiB (4 MiB a step, a few hundred steps a second at most).
+    # Stopped within a second of passing its cap (by its own clock): the watchdog samples every 0.25 s.
+    assert failed.updated_unix_s - float(crossed.read_text()) < 1.0
+    # Caught at the first sample above the cap: in 0.25 s the hog grows well under 400 MiB.
     assert 200 * MiB < failed.counters.peak_memory_bytes < 200 * MiB + 400 * MiB
     assert later.state in (tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING)
     assert later.counters.steps >= before  # the other task lost nothing and kept its worker
     assert later.pid == client.get(calm.id).pid != 0
+    assert later.restarts == 0
     assert trainer.iterations >= iterations  # and the trainer never noticed
+    stats = client.stats()
+    assert stats.gpu.memory.mode in ("cpu", "nvml")
+    if stats.gpu.memory.mode == "cpu":  # this machine has no GPU: the agent said so once and carried on
+        assert agent.log_path.read_text().count("no GPU: NVML unavailable") == 1
+        assert stats.gpu.memory.usable_bytes == -1  # no device, no trainer hint: admission is unbounded
+
+
+def test_with_memory_cap_restarts_a_task_over_its_cap_is_retried_then_failed(tmp_path: Path) -> None:
+    from conftest import FAST
+
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--memory-cap-restarts", "1"]) as agent, \
+            agent.client() as client:
+        hog = client.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "8"}, mem_limit_bytes=150 * MiB))
+        wait_for_task(client, hog.id, [tasks_pb2.TASK_STATE_READY])
+        with BackgroundTrainer(agent, [40.0]):
+            failed = wait_for_task(client, hog.id, [tasks_pb2.TASK_STATE_FAILED], timeout_s=60)
+    assert failed.reason.startswith("memory_cap_exceeded")
+    assert failed.restarts == 1  # retried once with backoff, then given up

@@ -122,3 +122,35 @@ class Hog(Counter):
 class NotATask:
     def step(self) -> None:
         pass
+
+
+class EnvDump(Counter):
+    """Writes its environment and the device it was given (JSON) to `path` in setup, then counts."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(1.0)
+        self.path = Path(path)
+
+    def setup(self) -> None:
+        import json
+
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"env": dict(os.environ), "device": self.context.device}))
+        os.replace(tmp, self.path)
+
+
+class TimedHog(Hog):
+    """A Hog that writes the wall-clock time at which its own memory first passed `mark_mb` into `marker`."""
+
+    def __init__(self, marker: str, mark_mb: int, step_mb: int = 4) -> None:
+        super().__init__(step_mb)
+        self.marker = Path(marker)
+        self.mark_bytes = mark_mb * 2**20
+
+    def step(self) -> None:
+        super().step()
+        if not self.marker.exists():
+            import psutil
+
+            if psutil.Process().memory_info().rss > self.mark_bytes:
+                self.marker.write_text(repr(time.time()))

@@ -1,0 +1,45 @@
+"""Memory admission: the caps of resident side tasks never add up to more than the trainer leaves free.
+
+Pure bookkeeping. Usable memory = min(the trainer's free-memory hint, what the device could give
+the side tasks: NVML free plus what the workers hold) minus a safety headroom; unknown on both
+sides (CPU mode, no hint) means unbounded. A task that does not fit waits; it is never started
+to fail. Tasks without a declared cap reserve nothing (they are bounded only by the watchdog).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def usable_bytes(trainer_free_bytes: int, device_available_bytes: int | None, headroom_bytes: int) -> int | None:
+    """Memory side tasks may hold in all; None when nothing bounds it."""
+    bounds = [b for b in (trainer_free_bytes if trainer_free_bytes > 0 else None, device_available_bytes)
+              if b is not None]
+    return max(0, min(bounds) - headroom_bytes) if bounds else None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+@dataclass
+class Admission:
+    reserved: dict[str, int] = field(default_factory=dict)  # task id -> its cap, from admission to worker exit
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(self.reserved.values())
+
+    def admit(self, task_id: str, cap_bytes: int, usable: int | None) -> str:
+        """Reserve the cap and return "" if it fits, else the reason the task waits."""
+        if task_id in self.reserved:
+            return ""
+        if usable is not None and cap_bytes > 0:
+            free = usable - self.reserved_bytes
+            if cap_bytes > free:
+                return f"waiting for memory: needs {_mib(cap_bytes)}, {_mib(max(0, free))} free for side tasks"
+        self.reserved[task_id] = cap_bytes
+        return ""
+
+    def release(self, task_id: str) -> None:
+        self.reserved.pop(task_id, None)

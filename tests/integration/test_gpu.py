@@ -1,0 +1,241 @@
+"""The GPU layer end to end on a real agent with the shipped fake GPU and the stand-in MPS control program:
+memory admission, the workers' MPS environment, terminate_client before kill, telemetry, doctor."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import FAST, BackgroundTrainer, spec
+
+from freeride.client import AgentClient
+from freeride.gpu.mps import MpsControl
+from freeride.harness import AgentProcess, wait_for_task
+from freeride.trainer.reporter import BubbleReporter
+from freeride.v1 import tasks_pb2
+
+GiB = 2**30
+MiB = 2**20
+STAND_IN = f"{sys.executable} -m freeride.gpu._fake_mps_control"
+LIVE = [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING]
+
+
+def wait_until(client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool],
+               timeout_s: float = 30.0) -> tasks_pb2.TaskInfo:
+    """Block until the task's info satisfies `ok`, driven by the agent's event stream."""
+    events = client.watch()
+    timer = threading.Timer(timeout_s, events.cancel)
+    timer.start()
+    try:
+        info = client.get(task_id)
+        if ok(info):
+            return info
+        for ev in events:
+            if ev.HasField("task") and ev.task.id == task_id and ok(ev.task):
+                return ev.task
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            raise
+    finally:
+        timer.cancel()
+        events.cancel()
+    raise TimeoutError(f"task {task_id} never got there: {client.get(task_id)}")
+
+
+class HintingTrainer:
+    """A trainer rank whose bubbles carry a free-memory hint that the test changes as it goes."""
+
+    def __init__(self, agent: AgentProcess, free_bytes: int) -> None:
+        self.free_bytes = free_bytes
+        self._reporter = BubbleReporter(agent.target, rank=0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):  # the trainer's compute between two bubbles
+            self._reporter.start(0, free_memory_bytes=self.free_bytes)
+            self._stop.wait(0.01)
+            self._reporter.end(0)
+
+    def __enter__(self) -> HintingTrainer:
+        assert self._reporter.wait_connected(10)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._reporter.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="frgpu-", dir="/tmp") as d:  # unix socket paths must stay short
+        yield Path(d)
+
+
+def _agent(tmp_path: Path, *args: str) -> AgentProcess:
+    return AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, *args]).start()
+
+
+def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(tmp_path: Path) -> None:
+    # 4 GiB GPU, 1 GiB used by others, 512 MiB headroom: side tasks may reserve 2.5 GiB.
+    agent = _agent(tmp_path, "--fake-gpu", "name=Fake A100,total=4GiB,used=1GiB", "--headroom", "512MiB")
+    try:
+        with agent.client() as c:
+            a = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=2 * GiB))
+            b = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=GiB))
+            assert b.state == tasks_pb2.TASK_STATE_SUBMITTED
+            # 2.5 GiB - 2 GiB reserved, less what the fake's "NVML" sees of a's worker starting up at that moment
+            assert re.fullmatch(r"waiting for memory: needs 1024 MiB, (5[01]\d) MiB free for side tasks", b.reason)
+            assert c.get(b.id).pid == 0  # not started to fail
+            wait_for_task(c, a.id, LIVE)
+            m = c.stats().gpu.memory
+            assert (m.mode, m.name, m.total_bytes, m.mps) == ("fake", "Fake A100", 4 * GiB, "off")
+            assert (m.side_tasks_reserved_bytes, m.waiting_tasks) == (2 * GiB, 1)
+            assert 5 * GiB // 2 - 16 * MiB < m.usable_bytes <= 5 * GiB // 2
+            with HintingTrainer(agent, free_bytes=3 * GiB // 2) as trainer:  # the trainer leaves only 1.5 GiB
+                wait_until(c, b.id, lambda t: "0 MiB free" in t.reason)
+                c.cancel(a.id)  # frees 2 GiB, but the trainer's hint bounds side tasks to 1 GiB: b fits exactly
+                wait_for_task(c, b.id, LIVE)
+                small = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=512 * MiB))
+                assert small.reason.startswith("waiting for memory: needs 512 MiB, 0 MiB free")
+                trainer.free_bytes = 3 * GiB  # the trainer's peak shrank: 2.5 GiB usable again
+                wait_for_task(c, small.id, LIVE)
+                stats = c.stats()
+            m = stats.gpu.memory
+            assert stats.gpu.trainer_free_memory_bytes == 3 * GiB
+            assert m.trainer_peak_bytes == GiB
+            assert (m.side_tasks_reserved_bytes, m.waiting_tasks) == (GiB + 512 * MiB, 0)
+            live = [t for t in stats.tasks if t.pid]
+            assert live and all(t.memory_bytes > 0 for t in live)  # the fake's figure: each worker's RSS
+            assert m.side_tasks_used_bytes > 0  # measured now; the tasks' figures are the last watchdog sample
+            assert m.others_used_bytes == pytest.approx(GiB, abs=16 * MiB)  # the trainer's share
+    finally:
+        assert agent.stop() == 0
+
+
+def test_a_waiting_task_starts_when_the_devices_free_memory_grows(tmp_path: Path) -> None:
+    state = tmp_path / "gpu.json"
+    state.write_text(json.dumps({"used_bytes": 3 * GiB + 768 * MiB}))  # 256 MiB free: none usable
+    agent = _agent(tmp_path, "--fake-gpu", f"total=4GiB,file={state},mode=EXCLUSIVE_PROCESS", "--headroom", "256MiB")
+    try:
+        with agent.client() as c:
+            t = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=256 * MiB))
+            assert t.reason.startswith("waiting for memory: needs 256 MiB")
+            state.write_text(json.dumps({"used_bytes": GiB}))  # the trainer released memory
+            wait_for_task(c, t.id, LIVE)
+            state.write_text(json.dumps({"used_bytes": 4 * GiB}))  # full again
+            gone = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=256 * MiB))
+            assert gone.reason.startswith("waiting for memory: needs 256 MiB, 0 MiB free")
+            c.cancel(gone.id)  # a waiting task can be cancelled
+            assert wait_for_task(c, gone.id, [tasks_pb2.TASK_STATE_CANCELLED]).pid == 0
+            assert c.stats().gpu.memory.waiting_tasks == 0
+    finally:
+        assert agent.stop() == 0
+    # The agent ran the doctor's checks at start and logged what is wrong, one line each.
+    assert "doctor: [WARN] compute-mode: compute mode EXCLUSIVE_PROCESS" in agent.log_path.read_text()
+
+
+def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is_terminated_before_kill(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    pipe, logd = short_dir / "pipe", short_dir / "log"
+    agent = _agent(tmp_path, "--fake-gpu", "total=8GiB", "--headroom", "0", "--mps", "start", "--mps-control", STAND_IN,
+                   "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(logd), "--mps-thread-percentage", "25")
+    try:
+        with agent.client() as c:
+            assert c.stats().gpu.memory.mps == "started"
+            trusted = c.submit(tasks_pb2.TaskSpec(ref=spec("EnvDump").ref, args={"path": str(tmp_path / "t.json")},
+                                                  mem_limit_bytes=GiB))
+            cli = subprocess.run(
+                [sys.executable, "-m", "freeride", "submit", "--agent", agent.target, "--json", "--no-mps",
+                 "--mem", "1GiB", spec("EnvDump").ref, f"path={tmp_path / 'u.json'}"],
+                capture_output=True, text=True, timeout=60, check=True,
+            )
+            untrusted = c.get(json.loads(cli.stdout)["id"])
+            for t in (trusted, untrusted):
+                wait_for_task(c, t.id, LIVE)
+            env = json.loads((tmp_path / "t.json").read_text())["env"]
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+            assert env["CUDA_MPS_LOG_DIRECTORY"] == str(logd)
+            assert env["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+            plain = json.loads((tmp_path / "u.json").read_text())["env"]
+            assert not {k for k in plain if k.startswith("CUDA_MPS_")} - {"CUDA_MPS_PIPE_DIRECTORY"}
+            assert not Path(plain["CUDA_MPS_PIPE_DIRECTORY"]).exists()  # no daemon there: time-sliced
+            assert c.get(untrusted.id).spec.no_mps
+
+            hog = c.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "4"}, mem_limit_bytes=150 * MiB))
+            pid = wait_for_task(c, hog.id, LIVE).pid
+            with BackgroundTrainer(agent, [40.0]):
+                failed = wait_for_task(c, hog.id, [tasks_pb2.TASK_STATE_FAILED])
+            assert failed.reason.startswith("memory_cap_exceeded")
+            control = [ln.split(" ", 1)[1] for ln in (logd / "control.log").read_text().splitlines()]
+            server = int(MpsControl(STAND_IN, pipe, logd).servers()[0])
+            assert f"terminate_client {server} {pid}" in control
+            assert f"terminated {pid} alive=1" in control  # MPS cancelled its GPU work before the SIGKILL
+            assert c.get(trusted.id).state in LIVE  # the other clients are untouched
+    finally:
+        assert agent.stop() == 0
+    assert control_log(logd)[-2:] == ["quit", "daemon stopped"]  # it started the daemon, so it stops it
+
+
+def control_log(logd: Path) -> list[str]:
+    return [ln.split(" ", 1)[1] for ln in (logd / "control.log").read_text().splitlines()]
+
+
+def test_mps_use_without_a_daemon_refuses_to_start_with_one_line(tmp_path: Path, short_dir: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "freeride", "agent", "--state-dir", str(tmp_path / "s"), "--socket",
+         str(short_dir / "a.sock"), "--fake-gpu", "--mps", "use", "--mps-control", STAND_IN,
+         "--mps-pipe-dir", str(short_dir / "none")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("freeride: error: --mps use: no MPS control daemon answers")
+
+
+def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "freeride", "doctor", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_doctor_fails_clearly_without_a_driver_and_passes_with_the_fake(tmp_path: Path) -> None:
+    where = ["--state-dir", str(tmp_path / "state"), "--socket", str(tmp_path / "a.sock")]
+    res = _doctor(*where)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pytest.skip("this machine has an NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    assert res.returncode == 1
+    assert "[FAIL] nvml: NVML unavailable: NVML Shared Library Not Found -> fix: install the NVIDIA" in res.stdout
+    assert "[INFO] mps-fault-model: MPS fault model: a fatal GPU fault in any MPS client" in res.stdout
+
+    fake = _doctor(*where, "--fake-gpu", "name=Fake H100,total=80GiB", "--json")
+    assert fake.returncode == 0
+    report = json.loads(fake.stdout)
+    assert report["ok"]
+    assert {c["name"]: c["status"] for c in report["checks"]} == {
+        "nvml": "ok", "gpu": "ok", "compute-mode": "ok", "mps": "ok", "socket-dir": "ok", "state-dir": "ok",
+        "mps-fault-model": "info",
+    }
+
+    (tmp_path / "file").write_text("")
+    bad = _doctor("--state-dir", str(tmp_path / "file"), "--socket", str(tmp_path / "a.sock"), "--fake-gpu",
+                  "--mps", "use", "--mps-control", "/nonexistent/mps-control")
+    assert bad.returncode == 1
+    assert f"[FAIL] state-dir: {tmp_path / 'file'} is not a directory" in bad.stdout
+    assert "[FAIL] mps-control: MPS control program '/nonexistent/mps-control' not found" in bad.stdout
