@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from freeride._auth import token_interceptor
 from freeride.agent.config import default_socket
 from freeride.errors import AgentUnavailableError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc
@@ -26,15 +27,20 @@ def agent_target(address: str | None = None, gpu: int = 0) -> str:
 
 
 class AgentClient:
-    def __init__(self, target: str, timeout_s: float = 30.0) -> None:
+    """`token`: the agent's bearer token, needed over TCP (see freeride._auth.token_from)."""
+
+    def __init__(self, target: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(target)
+        self._raw_channel = grpc.insecure_channel(target)
+        self._channel = (
+            grpc.intercept_channel(self._raw_channel, token_interceptor(token)) if token else self._raw_channel
+        )
         self.tasks = tasks_pb2_grpc.TaskServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def close(self) -> None:
-        self._channel.close()
+        self._raw_channel.close()
 
     def __enter__(self) -> AgentClient:
         return self
@@ -45,7 +51,7 @@ class AgentClient:
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         """Block until the agent reports SERVING on its health service (event, not polling)."""
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+            grpc.channel_ready_future(self._raw_channel).result(timeout=timeout_s)
             reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except (grpc.FutureTimeoutError, grpc.RpcError):
             raise AgentUnavailableError(f"no agent answers at {self.target}") from None

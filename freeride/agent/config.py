@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -50,6 +51,11 @@ class AgentConfig:
     mps_pipe_dir: Path | None = None  # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
     mps_log_dir: Path | None = None  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
+    metrics_port: int = 0  # Prometheus /metrics on this port; 0: off
+    metrics_addr: str = "127.0.0.1"  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
+    socket_mode: str = "0660"  # octal permissions of the unix socket: submitting runs code
+    socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
+    token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
 
     @property
     def socket_path(self) -> Path:
@@ -106,9 +112,45 @@ class AgentConfig:
             host, sep, port = self.tcp.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ConfigError(f"--tcp must be HOST:PORT, got {self.tcp!r}")
+            if self.token_file is None:
+                raise ConfigError(
+                    "--tcp needs --token-file PATH (env FREERIDE_TOKEN_FILE): TCP callers could submit code, "
+                    "so every TCP call must carry the token; create one with `head -c 32 /dev/urandom | base64 > PATH`"
+                )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be between 0 (off) and 65535, got {self.metrics_port}")
+        self.socket_mode_bits()
+        self.socket_gid()
         if len(str(self.socket_path)) > 100:
             raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")
         return self
+
+    def socket_mode_bits(self) -> int:
+        """--socket-mode as permission bits; owner read/write is always kept (the agent's workers use it)."""
+        try:
+            mode = int(self.socket_mode, 8)
+        except ValueError:
+            mode = -1
+        if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+            raise ConfigError(
+                "--socket-mode must be octal permissions that keep owner rw, like 0660 or 0600; "
+                f"got {self.socket_mode!r}"
+            )
+        return mode
+
+    def socket_gid(self) -> int | None:
+        """--socket-group as a gid (None: leave the agent's own group)."""
+        if not self.socket_group:
+            return None
+        try:
+            return grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            pass
+        if self.socket_group.isdigit():
+            return int(self.socket_group)
+        raise ConfigError(
+            f"--socket-group {self.socket_group!r} is not a group on this host; create it or pick another"
+        )
 
 
 def env_defaults(env: Mapping[str, str]) -> dict[str, object]:

@@ -19,10 +19,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import psutil
+
 from freeride._stats import percentile
 from freeride.agent.admission import Admission, usable_bytes
 from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
+from freeride.agent.limits import check_spec
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, check_transition
 from freeride.agent.registry import Registry
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
@@ -74,6 +77,7 @@ class Agent:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._subscribers: set[asyncio.Queue[tasks_pb2.AgentEvent]] = set()
         self.recent_windows: deque[tasks_pb2.WindowRecord] = deque(maxlen=1024)
+        self.memory_bytes: dict[str, int] = {}  # last sample per live worker, for /metrics
         self.trainers = 0
         self.dropped_events = 0
         self.rejected_events = 0
@@ -185,6 +189,7 @@ class Agent:
             rec = self.records[task_id]
             used = usage.get(worker.pid, 0)
             rec.memory_bytes = used
+            self.memory_bytes[task_id] = used
             rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
             cap = rec.spec.mem_limit_bytes
             if cap and used > cap and not worker.kill_reason:
@@ -269,6 +274,7 @@ class Agent:
         if self.shutting_down:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         _validate(spec)
+        check_spec(spec, self.device_total_bytes())
         checked = await _check_ref(spec)
         if spec.priority == 0 and checked.get("priority"):
             spec = dataclasses.replace(spec, priority=int(checked["priority"]))
@@ -331,6 +337,16 @@ class Agent:
             return False
         outbox.put_nowait(worker_pb2.AgentCommand(control=worker_pb2.Control(action=action)))
         return True
+
+    def device_total_bytes(self) -> int | None:
+        """Memory of the device that caps apply to, when known: the probe's, else the host's in CPU mode."""
+        device = self.gpu_control.device
+        if device is not None:
+            try:
+                return device.memory().total_bytes or None
+            except GpuError:
+                return None
+        return psutil.virtual_memory().total
 
     def stats(self) -> tasks_pb2.StatsResponse:
         g = self.scheduler.gpu
@@ -508,6 +524,7 @@ class Agent:
         del self.workers[worker.task_id]
         self.admission.release(worker.task_id)
         self._outboxes.pop(worker.task_id, None)
+        self.memory_bytes.pop(worker.task_id, None)
         self.scheduler.remove_task(worker.task_id)
         rec = self.records[worker.task_id]
         rec.pid = 0

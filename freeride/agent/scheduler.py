@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from freeride.agent.histogram import Histogram
 from freeride.agent.model import Counters
 from freeride.agent.policy import Candidate, choose
 from freeride.agent.predictor import MarginController, SlotPredictor
@@ -118,6 +119,7 @@ class Scheduler:
         self.prediction_errors: deque[float] = deque(maxlen=1024)
         self.event_delays_ns: deque[int] = deque(maxlen=1024)
         self.trainer_free_memory_bytes = 0
+        self.bubble_lengths = Histogram()  # since the agent started; read by the metrics endpoint
 
     # -- trainer side ------------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
@@ -179,6 +181,8 @@ class Scheduler:
             self._predictor(ev.rank, ev.slot).observe(length)
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
+        if length > 0:
+            self.bubble_lengths.observe(length)  # after the revoke: it only feeds /metrics
 
     def trainer_gone(self, rank: int) -> None:
         """A trainer stream ended: close its window now; its bubble never gets an END."""
@@ -316,6 +320,7 @@ class Scheduler:
         for share in w.shares:
             c = per_task.setdefault(share.task_id, Counters())
             c.windows += 1
+            c.bubbles, c.bubble_ns = 1, end - w.start_ns  # the bubble this task had a share of
             busy = 0
             overrun = 0
             for start, duration in share.steps:
@@ -341,5 +346,6 @@ class Scheduler:
         for c in per_task.values():
             total.add(c)
         total.windows = 1
+        total.bubbles = total.bubble_ns = 0  # the GPU's bubbles are counted at their END, granted or not
         self.gpu.add(total)
         self._on_account(record, per_task, total)

@@ -16,7 +16,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from freeride._auth import read_token
 from freeride.agent import _systemd
+from freeride.agent.auth import TokenInterceptor
 from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.registry import Registry
@@ -48,8 +50,12 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
     return lock
 
 
-def _claim_socket(path: Path) -> None:
+def _claim_socket(path: Path, gid: int | None = None) -> None:
+    created = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if created and gid is not None:  # the group must be able to reach the socket, not list the directory
+        os.chown(path.parent, -1, gid)
+        os.chmod(path.parent, 0o710)
     if not path.exists():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -63,18 +69,53 @@ def _claim_socket(path: Path) -> None:
     raise ConfigError(f"another agent is listening on {path}; stop it or pass another --socket")
 
 
-async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
-    config.state_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock_state_dir(config.state_dir)
-    sock = config.socket_path
-    _claim_socket(sock)
-    registry = Registry(config.state_dir / "freeride.db")
-    server = grpc.aio.server(
+def _socket_gid(config: AgentConfig) -> int | None:
+    """The socket's group, checked before anything is created: only a member (or root) may hand it over."""
+    gid = config.socket_gid()
+    if gid is not None and os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise ConfigError(
+            f"--socket-group {config.socket_group}: the agent's user is not in that group; add it or run as root"
+        )
+    return gid
+
+
+def _new_server(interceptors: list[grpc.aio.ServerInterceptor] | None = None) -> grpc.aio.Server:
+    return grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
+        ],
     )
+
+
+def _tcp_server(
+    config: AgentConfig, token: str, tasks: TaskServicer, bubbles: BubbleServicer, health: HealthServicer
+) -> grpc.aio.Server:
+    """TCP gets its own server so that the token check never applies to the unix socket. No
+    WorkerService there: workers are local children and attach over the socket."""
+    server = _new_server([TokenInterceptor(token)])
+    tasks_pb2_grpc.add_TaskServiceServicer_to_server(tasks, server)
+    trainer_pb2_grpc.add_BubbleServiceServicer_to_server(bubbles, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    try:
+        bound = server.add_insecure_port(config.tcp)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise ConfigError(f"cannot listen on TCP {config.tcp}; is the port in use?")
+    return server
+
+
+async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
+    token = read_token(config.token_file) if config.tcp and config.token_file is not None else None
+    gid = _socket_gid(config)
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_state_dir(config.state_dir)
+    sock = config.socket_path
+    _claim_socket(sock, gid)
+    registry = Registry(config.state_dir / "freeride.db")
+    server = _new_server()
     log_failures(config)
     gpu = await asyncio.get_running_loop().run_in_executor(
         None, lambda: GpuControl.open(
@@ -84,16 +125,31 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     )
     agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"), gpu=gpu)
     health = HealthServicer()
-    tasks_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(agent), server)
-    trainer_pb2_grpc.add_BubbleServiceServicer_to_server(BubbleServicer(agent), server)
+    task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
+    tasks_pb2_grpc.add_TaskServiceServicer_to_server(task_servicer, server)
+    trainer_pb2_grpc.add_BubbleServiceServicer_to_server(bubble_servicer, server)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(agent), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    server.add_insecure_port(f"unix:{sock}")
-    if config.tcp:
-        log.warning("listening on TCP %s without authentication: only do this on a trusted network", config.tcp)
-        server.add_insecure_port(config.tcp)
-    await server.start()
-    os.chmod(sock, 0o660)
+    # Listeners that can fail to bind go first, before the socket exists and before any worker starts.
+    tcp_server = _tcp_server(config, token, task_servicer, bubble_servicer, health) if token is not None else None
+    metrics = None
+    if config.metrics_port:
+        from freeride.agent.metrics import MetricsServer
+
+        metrics = MetricsServer(agent, asyncio.get_running_loop()).start(config.metrics_addr, config.metrics_port)
+    # The socket file is born with the umask's mode: keep it closed until chmod/chown set the real one.
+    old_umask = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(sock, config.socket_mode_bits())
+    if gid is not None:
+        os.chown(sock, -1, gid)
+    if tcp_server is not None:
+        await tcp_server.start()
+        log.info("listening on TCP %s; every call must carry the token from %s", config.tcp, config.token_file)
     await agent.start()
     for name in ("", *SERVICES):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -118,7 +174,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     await stop.wait()
     _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
     await health.enter_graceful_shutdown()
+    if metrics is not None:
+        metrics.stop()
     await agent.shutdown()
+    if tcp_server is not None:
+        await tcp_server.stop(grace=1.0)
     await server.stop(grace=1.0)
     registry.close()
     gpu.close()  # MPS `quit` if this agent started the daemon

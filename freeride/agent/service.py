@@ -13,14 +13,13 @@ import grpc
 from freeride import __version__
 from freeride.agent.convert import spec_from_pb, state_from_pb
 from freeride.agent.core import Agent
+from freeride.agent.limits import edge_ok, edge_problem
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")
 
 R = TypeVar("R")
-_MAX_CLOCK_SKEW_NS = 3600 * 10**9  # an edge an hour away from now is not from this host's clock
-_EDGES = (trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END)
 _STATUS = {
     TaskRefError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -106,6 +105,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
         await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
         agent.trainers += 1
         ranks: set[int] = set()
+        warned = False
         log.info("trainer connected (%s)", context.peer())
         try:
             while True:
@@ -114,8 +114,12 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     break
                 now = agent.clock()
                 for ev in batch.events:
-                    if ev.edge not in _EDGES or abs(ev.time_ns - now) > _MAX_CLOCK_SKEW_NS:
+                    if not edge_ok(ev, now):
                         agent.rejected_events += 1
+                        if not warned:  # once per stream: a broken trainer must not flood the log
+                            warned = True
+                            log.warning("trainer %s: bubble edge rejected: %s; further rejections on this stream "
+                                        "are only counted (rejected_events)", context.peer(), edge_problem(ev, now))
                         continue
                     ranks.add(ev.rank)
                     agent.on_bubble(ev)

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
+from freeride.cli import _agents, multi
 from freeride.cli.main import UsageError, absolute_ref, print_json
 from freeride.cli.units import format_seconds, format_size, parse_size
-from freeride.client import AgentClient, agent_target
+from freeride.client import AgentClient
 from freeride.v1 import tasks_pb2
 
 _STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
@@ -29,7 +30,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", type=int, help=f"GPU index this agent serves (env FREERIDE_GPU, default {d.gpu})")
     p.add_argument("--state-dir", type=Path, help="registry, ledger, checkpoints, logs (env FREERIDE_STATE_DIR)")
     p.add_argument("--socket", type=Path, help="unix socket path (env FREERIDE_SOCKET; default per GPU)")
-    p.add_argument("--tcp", help="also listen on HOST:PORT (env FREERIDE_TCP; off by default)")
+    p.add_argument("--tcp", help="also listen on HOST:PORT; needs --token-file (env FREERIDE_TCP; off by default)")
     p.add_argument("--margin-ms", type=float, help=f"safety margin cut from each window (default {d.margin_ms})")
     p.add_argument("--max-restarts", type=int, help=f"crash restarts before FAILED (default {d.max_restarts})")
     p.add_argument("--restart-backoff-s", type=float, help=f"first restart delay (default {d.restart_backoff_s})")
@@ -42,6 +43,15 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-check-s", type=float,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus /metrics on this port (env FREERIDE_METRICS_PORT; default off)")
+    p.add_argument("--metrics-addr",
+                   help=f"address /metrics binds to; 0.0.0.0 for a scraper on another host (default {d.metrics_addr})")
+    p.add_argument("--socket-mode",
+                   help=f"octal permissions of the unix socket (env FREERIDE_SOCKET_MODE, default {d.socket_mode})")
+    p.add_argument("--socket-group", help="group that may use the socket: submit, report (env FREERIDE_SOCKET_GROUP)")
+    p.add_argument("--token-file", type=Path,
+                   help="bearer token every TCP call must carry; required with --tcp (env FREERIDE_TOKEN_FILE)")
     add_gpu_args(p)
 
 
@@ -67,8 +77,18 @@ def add_gpu_args(p: argparse.ArgumentParser) -> None:
 
 
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line; `gpu` tells apart the agents of a node in one log stream."""
+
+    def __init__(self, gpu: int | None = None) -> None:
+        super().__init__()
+        self._gpu = gpu
+
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": record.created, "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        out: dict[str, object] = {
+            "ts": record.created, "level": record.levelname, "logger": record.name, "msg": record.getMessage(),
+        }
+        if self._gpu is not None:
+            out["gpu"] = self._gpu
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
@@ -92,7 +112,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
     config = agent_config(ns)
     handler = logging.StreamHandler()
     if config.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(_JsonFormatter(config.gpu))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=ns.log_level.upper(), handlers=[handler], force=True)
@@ -113,14 +133,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 # -- client commands ------------------------------------------------------------------------------
 def _client(ns: argparse.Namespace) -> AgentClient:
-    gpu = ns.gpu
-    if gpu is None:
-        raw = os.environ.get("FREERIDE_GPU", "") or "0"
-        if not raw.isdigit():
-            raise UsageError(f"FREERIDE_GPU={raw!r} is not a GPU index; set it to a number like 0")
-        gpu = int(raw)
-    ns.target = agent_target(ns.agent, gpu)
-    return AgentClient(ns.target)
+    return _agents.one(ns)
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
@@ -154,6 +167,9 @@ def cmd_ls(ns: argparse.Namespace) -> int:
         if name.upper() not in known:
             raise UsageError(f"unknown state {name!r}; one of {', '.join(known)}")
         states.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}"))
+    agents = _agents.resolve(ns)
+    if agents.multi:
+        return multi.cmd_ls(ns, agents, states)
     with _client(ns) as c:
         tasks = c.list(states)
     if ns.json:
@@ -172,7 +188,7 @@ def cmd_ls(ns: argparse.Namespace) -> int:
 
 
 def cmd_task_action(ns: argparse.Namespace) -> int:
-    with _client(ns) as c:
+    with _agents.owner(ns, ns.task_id) as c:
         info = {"show": c.get, "cancel": c.cancel, "pause": c.pause, "resume": c.resume}[ns.action](ns.task_id)
     if ns.json:
         print_json(info)
@@ -222,6 +238,9 @@ def cmd_health(ns: argparse.Namespace) -> int:
 
 
 def cmd_stats(ns: argparse.Namespace) -> int:
+    agents = _agents.resolve(ns)
+    if agents.multi:
+        return multi.cmd_stats(ns, agents)
     with _client(ns) as c:
         stats = c.stats()
     g = stats.gpu

@@ -30,8 +30,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agent", default=os.environ.get("FREERIDE_AGENT", ""),
-                   help="agent address: a socket path, unix:PATH or HOST:PORT (env FREERIDE_AGENT)")
+    from freeride.cli import _agents
+
+    _agents.add_args(p)
     p.add_argument("--gpu", type=int, default=None,
                    help="GPU whose default agent socket to use when --agent is not given (env FREERIDE_GPU)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -88,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="harvested GPU time per task and per GPU")
     _add_agent_args(st)
     st.set_defaults(func=commands.cmd_stats)
+
+    top = sub.add_parser("top", help="a live view of tasks and GPUs (Ctrl-C to quit)")
+    _add_agent_args(top)
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="redraw at least this often (events redraw sooner; default 1)")
+    from freeride.cli import top as top_view
+
+    top.set_defaults(func=top_view.cmd_top)
 
     h = sub.add_parser("health", help="exit 0 when the agent serves (for probes: systemd, Kubernetes, Slurm)")
     _add_agent_args(h)

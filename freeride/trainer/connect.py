@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+from freeride._auth import TokenError, token_from
 from freeride.client import agent_target
 from freeride.trainer.reporter import BubbleReporter
 
@@ -37,12 +38,21 @@ def agent_address(address: str | None = None, gpu: int | None = None) -> str:
 
 
 def connect(
-    address: str | None = None, *, rank: int | None = None, stage: int = 0, gpu: int | None = None
+    address: str | None = None, *, rank: int | None = None, stage: int = 0, gpu: int | None = None,
+    token_file: str | None = None,
 ) -> BubbleReporter:
-    """A reporter for this rank. Never fails: with no agent, edges are dropped (one warning)."""
+    """A reporter for this rank. Never fails: with no agent, edges are dropped (one warning).
+
+    An agent reached over TCP wants its token: `token_file`, else $FREERIDE_TOKEN_FILE.
+    """
     if rank is None:
         raw = os.environ.get("RANK", "0")
         rank = int(raw) if raw.isdigit() else 0
     target = agent_address(address, gpu)
     log.debug("rank %d reports bubbles to %s", rank, target)
-    return BubbleReporter(target, rank=rank, stage=stage)
+    try:
+        token = token_from(token_file)
+    except TokenError as exc:
+        log.warning("%s; reporting without a token (an agent on TCP will refuse it)", exc)
+        token = None
+    return BubbleReporter(target, rank=rank, stage=stage, token=token)

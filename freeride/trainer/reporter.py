@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from freeride._auth import token_interceptor
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,10 @@ class BubbleReporter:
         max_queue: int = 16384,
         reconnect_min_s: float = 0.1,
         reconnect_max_s: float = 5.0,
+        token: str | None = None,
     ) -> None:
         self.target = target
+        self._token = token  # the agent's bearer token when it is reached over TCP
         self.rank = rank
         self.stage = stage
         self.iteration = 0
@@ -183,7 +186,8 @@ class BubbleReporter:
         delay = self._backoff[0]
         while not self._closed:
             try:
-                with grpc.insecure_channel(self.target) as channel:
+                with grpc.insecure_channel(self.target) as raw:
+                    channel = grpc.intercept_channel(raw, token_interceptor(self._token)) if self._token else raw
                     stub = trainer_pb2_grpc.BubbleServiceStub(channel)
                     call = stub.ReportBubbles(self._requests(self._generation))
                     self._call = call
@@ -195,7 +199,13 @@ class BubbleReporter:
                             delay = self._backoff[0]
                             log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
             except grpc.RpcError as exc:
-                if not self._closed and not self._warned:
+                code = exc.code() if hasattr(exc, "code") else None
+                if not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
+                    log.warning("the freeride agent at %s refused this rank's token (%s); training goes on "
+                                "without reporting: set FREERIDE_TOKEN_FILE to the agent's token", self.target,
+                                exc.details() if hasattr(exc, "details") else "")
+                    self._warned = True
+                elif not self._closed and not self._warned:
                     log.warning(
                         "no freeride agent at %s (%s); training goes on, reporting resumes when it is back",
                         self.target,

@@ -1,0 +1,135 @@
+"""Which agents a client command talks to: one (--agent, --gpu), several (--agent repeated) or --all."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from freeride._auth import token_from
+from freeride.agent.config import default_runtime_dir
+from freeride.cli.main import UsageError
+from freeride.client import AgentClient, agent_target
+
+T = TypeVar("T")
+_NUMBER = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class AgentSet:
+    targets: list[str]
+    multi: bool  # the user asked for several agents: aggregate, and skip ones that do not answer
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", action="append", default=None,
+                   help="agent address: a socket path, unix:PATH or HOST:PORT; repeat for several "
+                        "(env FREERIDE_AGENT, comma-separated)")
+    p.add_argument("--all", action="store_true", dest="all_agents",
+                   help="every agent socket in the runtime directory (FREERIDE_SOCKET_DIR, "
+                        "$XDG_RUNTIME_DIR/freeride or /tmp/freeride-UID)")
+    p.add_argument("--token-file", default=None,
+                   help="the agent's token, needed over TCP (env FREERIDE_TOKEN_FILE)")
+
+
+def _gpu(ns: argparse.Namespace) -> int:
+    gpu = getattr(ns, "gpu", None)
+    if gpu is not None:
+        return int(gpu)
+    raw = os.environ.get("FREERIDE_GPU", "") or "0"
+    if not raw.isdigit():
+        raise UsageError(f"FREERIDE_GPU={raw!r} is not a GPU index; set it to a number like 0")
+    return int(raw)
+
+
+def _natural(path: object) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in _NUMBER.split(str(path))]
+
+
+def resolve(ns: argparse.Namespace) -> AgentSet:
+    given = list(getattr(ns, "agent", None) or [])
+    if getattr(ns, "all_agents", False):
+        if given:
+            raise UsageError("--all and --agent do not mix: pick one")
+        root = default_runtime_dir()
+        sockets = sorted(root.glob("*.sock"), key=_natural)
+        if not sockets:
+            raise UsageError(f"no agent sockets in {root}; start agents there or set FREERIDE_SOCKET_DIR")
+        return AgentSet([f"unix:{s}" for s in sockets], multi=True)
+    if not given:
+        given = [a.strip() for a in os.environ.get("FREERIDE_AGENT", "").split(",") if a.strip()]
+    if not given:
+        return AgentSet([agent_target(None, _gpu(ns))], multi=False)
+    targets = list(dict.fromkeys(agent_target(a) for a in given))
+    return AgentSet(targets, multi=len(targets) > 1)
+
+
+def client(ns: argparse.Namespace, target: str) -> AgentClient:
+    return AgentClient(target, token=token_from(getattr(ns, "token_file", None)))
+
+
+def one(ns: argparse.Namespace) -> AgentClient:
+    """The client of the single agent this command addresses (sets ns.target for error messages)."""
+    agents = resolve(ns)
+    if len(agents.targets) != 1:
+        raise UsageError(f"`freeride {ns.command}` talks to one agent; pass a single --agent (not --all)")
+    ns.target = agents.targets[0]
+    return client(ns, ns.target)
+
+
+def _unreachable(exc: grpc.RpcError) -> bool:
+    code = exc.code() if hasattr(exc, "code") else None
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def each(ns: argparse.Namespace, agents: AgentSet, call: Callable[[AgentClient], T]) -> Iterator[tuple[str, T]]:
+    """(target, result) per agent. With several agents one that does not answer is skipped with a warning
+    (a stale socket of a dead agent); if none answers, that is the error."""
+    answered = 0
+    for target in agents.targets:
+        ns.target = target
+        with client(ns, target) as c:
+            try:
+                result = call(c)
+            except grpc.RpcError as exc:
+                if not (agents.multi and _unreachable(exc)):
+                    raise
+                print(f"freeride: warning: no agent answers at {target}; skipped", file=sys.stderr)
+                continue
+        answered += 1
+        yield target, result
+    if answered == 0 and agents.multi:
+        raise UsageError(f"none of the {len(agents.targets)} agents answers; start them with `freeride agent`")
+
+
+def owner(ns: argparse.Namespace, task_id: str) -> AgentClient:
+    """The client of the agent that holds `task_id`; one clear error if none or several do."""
+    agents = resolve(ns)
+    if not agents.multi:
+        return one(ns)
+    owners = []
+    for target, found in each(ns, agents, lambda c: _has(c, task_id)):
+        if found:
+            owners.append(target)
+    if not owners:
+        raise UsageError(f"no agent of {len(agents.targets)} has task {task_id!r}; see `freeride ls --all`")
+    if len(owners) > 1:
+        raise UsageError(f"task id {task_id!r} exists on {', '.join(owners)}; pass the owner's --agent")
+    ns.target = owners[0]
+    return client(ns, owners[0])
+
+
+def _has(c: AgentClient, task_id: str) -> bool:
+    try:
+        c.get(task_id)
+    except grpc.RpcError as exc:
+        if hasattr(exc, "code") and exc.code() == grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True

@@ -1,0 +1,103 @@
+"""`ls` and `stats` over several agents: a row per agent, and totals."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.table import Table
+
+from freeride.cli import _agents
+from freeride.cli.main import print_json
+from freeride.cli.units import format_seconds
+from freeride.v1 import tasks_pb2
+
+STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
+
+
+def as_dict(msg: Any) -> dict[str, Any]:
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def totals(stats: list[tasks_pb2.StatsResponse]) -> dict[str, Any]:
+    """Sums over agents; efficiency is harvested over bubble time of all of them."""
+    out: dict[str, Any] = {"agents": len(stats), "tasks": sum(len(s.tasks) for s in stats)}
+    for name in ("bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "trainers"):
+        out[name] = sum(getattr(s.gpu, name) for s in stats)
+    out["efficiency"] = _ratio(out["harvested_s"], out["bubble_s"])
+    return out
+
+
+def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
+    rows = list(_agents.each(ns, agents, lambda c: c.stats()))
+    stats = [s for _, s in rows]
+    total = totals(stats)
+    if ns.json:
+        per_agent = []
+        for target, s in rows:
+            d = as_dict(s)
+            d["target"] = target
+            d["gpu"]["efficiency"] = _ratio(s.gpu.harvested_s, s.gpu.bubble_s)
+            per_agent.append(d)
+        print_json({"agents": per_agent, "total": total})
+        return 0
+    console = Console()
+    gt = Table(title=f"{len(rows)} agents")
+    for col in ("gpu", "agent", "trainers", "bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns",
+                "tasks"):
+        gt.add_column(col)
+    for target, s in rows:
+        g = s.gpu
+        gt.add_row(
+            str(g.gpu), target, str(g.trainers), str(g.bubbles), format_seconds(g.bubble_s),
+            format_seconds(g.harvested_s), f"{_ratio(g.harvested_s, g.bubble_s):.1%}", str(g.steps),
+            f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", str(len(s.tasks)),
+        )
+    gt.add_section()
+    gt.add_row(
+        "all", "", str(total["trainers"]), str(total["bubbles"]), format_seconds(total["bubble_s"]),
+        format_seconds(total["harvested_s"]), f"{total['efficiency']:.1%}", str(total["steps"]),
+        f"{total['overrun_steps']} ({format_seconds(total['overrun_s'])})", str(total["tasks"]),
+    )
+    console.print(gt)
+    tt = Table(title="tasks")
+    for col in ("gpu", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns"):
+        tt.add_column(col)
+    for _, s in rows:
+        for t in s.tasks:
+            cnt = t.counters
+            tt.add_row(
+                str(s.gpu.gpu), t.id, t.spec.name, STATE_NAMES[t.state], str(cnt.steps),
+                format_seconds(cnt.harvested_s), f"{_ratio(cnt.harvested_s, s.gpu.bubble_s):.1%}",
+                f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})",
+            )
+    console.print(tt)
+    return 0
+
+
+def cmd_ls(ns: argparse.Namespace, agents: _agents.AgentSet, states: list[Any]) -> int:
+    rows = [(target, t) for target, tasks in _agents.each(ns, agents, lambda c: c.list(states)) for t in tasks]
+    if ns.json:
+        out = []
+        for target, t in rows:
+            d = as_dict(t)
+            d["agent"] = target
+            out.append(d)
+        print_json(out)
+        return 0
+    table = Table(title=f"tasks on {len(agents.targets)} agents")
+    for col in ("agent", "id", "name", "state", "prio", "steps", "harvested", "restarts", "reason"):
+        table.add_column(col)
+    for target, t in rows:
+        table.add_row(
+            target, t.id, t.spec.name, STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
+            format_seconds(t.counters.harvested_s), str(t.restarts), t.reason,
+        )
+    Console().print(table)
+    return 0

@@ -1,0 +1,146 @@
+"""`freeride top`: a live table of tasks and GPUs across agents, redrawn when the agents report events.
+
+Each agent's Watch stream only wakes the view; the numbers come from one Stats call per agent and
+redraw, at most a few times a second (it is a terminal UI, not the control path), and at least
+every --interval so clocks and uptimes move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from freeride.cli import _agents
+from freeride.cli.main import UsageError
+from freeride.cli.multi import STATE_NAMES, totals
+from freeride.cli.units import format_seconds
+from freeride.client import AgentClient
+from freeride.v1 import tasks_pb2
+
+_MIN_REDRAW_S = 0.25
+_STATE_STYLE = {"RUNNING": "green", "READY": "cyan", "FAILED": "red", "PAUSED": "yellow", "STARTING": "blue"}
+
+
+@dataclass
+class Frame:
+    """One reading of every agent: its Stats, or None when it did not answer."""
+
+    rows: list[tuple[str, tasks_pb2.StatsResponse | None]]
+    taken_unix_s: float
+
+
+def fetch(clients: list[AgentClient]) -> Frame:
+    rows: list[tuple[str, tasks_pb2.StatsResponse | None]] = []
+    for c in clients:
+        try:
+            rows.append((c.target, c.stats()))
+        except grpc.RpcError:
+            rows.append((c.target, None))
+    return Frame(rows, time.time())
+
+
+def _progress(info: tasks_pb2.TaskInfo, limit: int = 3) -> str:
+    items = sorted(info.progress.items())[:limit]
+    return " ".join(f"{k}={v:.4g}" for k, v in items) or "-"
+
+
+def render(frame: Frame) -> Group:
+    live = [s for _, s in frame.rows if s is not None]
+    total = totals(live)
+    head = Text(
+        f"freeride top  {time.strftime('%H:%M:%S', time.localtime(frame.taken_unix_s))}  "
+        f"{len(live)}/{len(frame.rows)} agents  harvested {format_seconds(total['harvested_s'])} of "
+        f"{format_seconds(total['bubble_s'])} bubble time ({total['efficiency']:.1%})",
+        style="bold",
+    )
+    gpus = Table(title="GPUs", title_justify="left", expand=True)
+    for col in ("gpu", "agent", "up", "trainers", "bubbles", "bubble s", "harvested s", "efficiency", "steps",
+                "overruns"):
+        gpus.add_column(col, justify="right" if col not in ("agent",) else "left")
+    tasks = Table(title="tasks", title_justify="left", expand=True)
+    for col in ("gpu", "id", "name", "state", "harvested s", "steps", "overrun", "progress"):
+        tasks.add_column(col, justify="right" if col in ("harvested s", "steps", "overrun") else "left")
+    for target, s in frame.rows:
+        if s is None:
+            gpus.add_row("?", target, "-", "-", "-", "-", "-", "no answer", "-", "-", style="red")
+            continue
+        g = s.gpu
+        eff = f"{g.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-"
+        gpus.add_row(
+            str(g.gpu), target, format_seconds(g.uptime_s), str(g.trainers), str(g.bubbles), f"{g.bubble_s:.2f}",
+            f"{g.harvested_s:.2f}", eff, str(g.steps), str(g.overrun_steps),
+        )
+        for t in s.tasks:
+            state = STATE_NAMES[t.state]
+            c = t.counters
+            tasks.add_row(
+                str(g.gpu), t.id, t.spec.name, Text(state, style=_STATE_STYLE.get(state, "")),
+                f"{c.harvested_s:.2f}", str(c.steps), f"{c.overrun_steps} ({format_seconds(c.overrun_s)})",
+                _progress(t),
+            )
+    return Group(head, gpus, tasks)
+
+
+class _Wakeups:
+    """One thread per agent on its Watch stream; any event sets `changed`."""
+
+    def __init__(self, clients: list[AgentClient]) -> None:
+        self.changed = threading.Event()
+        self._streams = []
+        for c in clients:
+            try:
+                stream = c.watch()
+            except grpc.RpcError:
+                continue
+            self._streams.append(stream)
+            threading.Thread(target=self._run, args=(stream,), daemon=True).start()
+
+    def _run(self, stream: object) -> None:
+        try:
+            for _ in stream:  # type: ignore[attr-defined]
+                self.changed.set()
+        except grpc.RpcError:
+            self.changed.set()  # the agent went away: show it
+
+    def close(self) -> None:
+        for s in self._streams:
+            s.cancel()
+
+
+def cmd_top(ns: argparse.Namespace) -> int:
+    if ns.interval <= 0:
+        raise UsageError(f"--interval must be > 0 seconds, got {ns.interval}")
+    agents = _agents.resolve(ns)
+    clients = [_agents.client(ns, t) for t in agents.targets]
+    console = Console()
+    try:
+        frame = fetch(clients)
+        if all(s is None for _, s in frame.rows):
+            ns.target = agents.targets[0] if len(agents.targets) == 1 else "any of the agents"
+            raise UsageError(f"no agent answers at {ns.target}; start one with `freeride agent`")
+        if ns.once:
+            console.print(render(frame))
+            return 0
+        wake = _Wakeups(clients)
+        try:
+            with Live(render(frame), console=console, auto_refresh=False, screen=False) as live:
+                while True:
+                    wake.changed.wait(ns.interval)
+                    wake.changed.clear()
+                    live.update(render(fetch(clients)), refresh=True)
+                    time.sleep(_MIN_REDRAW_S)  # UI rate cap: bubbles can end hundreds of times a second
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            wake.close()
+    finally:
+        for c in clients:
+            c.close()

@@ -1,0 +1,142 @@
+"""One CLI over many agents: `--agent` repeated or `--all`, aggregated `stats`/`ls`, and `freeride top`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import bubbles, drive
+from test_cli import _env, assert_usage_error, freeride
+
+from freeride.harness import AgentProcess, wait_for_task
+from freeride.v1 import tasks_pb2
+
+READY = tasks_pb2.TASK_STATE_READY
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[AgentProcess]]]:
+    """Agents for GPU 0 and 1 with sockets side by side; task 1 on each, task 2 on GPU 1 only; bubbles on GPU 0."""
+    root = tmp_path_factory.mktemp("node")
+    procs = [AgentProcess(state_dir=root / f"state{g}", gpu=g) for g in (0, 1)]
+    try:
+        for p in procs:
+            p.start()
+        names = {0: ["a0"], 1: ["b1", "b2"]}
+        for gpu, p in enumerate(procs):
+            with p.client() as c:
+                for name in names[gpu]:
+                    info = c.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"},
+                                                       name=name))
+                    wait_for_task(c, info.id, [READY])
+        drive(procs[0], bubbles(4, [5.0]))
+        yield root, procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_stats_over_repeated_agents_has_a_row_per_agent_and_totals(two):
+    _root, procs = two
+    res = freeride("stats", "--agent", procs[0].socket, "--agent", procs[1].socket, "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert [a["gpu"]["gpu"] for a in out["agents"]] == [0, 1]
+    assert [a["target"] for a in out["agents"]] == [p.target for p in procs]
+    per = [p.client().stats() for p in procs]
+    total = out["total"]
+    assert total["agents"] == 2 and total["tasks"] == 3
+    assert total["bubbles"] == sum(s.gpu.bubbles for s in per) == 4
+    assert total["bubble_s"] == pytest.approx(sum(s.gpu.bubble_s for s in per))
+    assert total["efficiency"] == pytest.approx(total["harvested_s"] / total["bubble_s"])
+
+
+def test_all_finds_every_socket_in_the_runtime_directory(two):
+    root, procs = two
+    env = _env(FREERIDE_SOCKET_DIR=str(root))
+    stats = json.loads(freeride("stats", "--all", "--json", env=env).stdout)
+    assert [a["target"] for a in stats["agents"]] == [p.target for p in procs]
+    tasks = json.loads(freeride("ls", "--all", "--json", env=env).stdout)
+    assert sorted((t["agent"], t["spec"]["name"]) for t in tasks) == [
+        (procs[0].target, "a0"), (procs[1].target, "b1"), (procs[1].target, "b2")]
+    table = freeride("stats", "--all", env=env)
+    assert table.returncode == 0 and "2 agents" in table.stdout and "all" in table.stdout
+
+
+def test_a_task_command_goes_to_the_agent_that_owns_the_id_or_fails_in_one_line(two):
+    root, _procs = two
+    env = _env(FREERIDE_SOCKET_DIR=str(root))
+    shown = freeride("show", "2", "--all", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["spec"]["name"] == "b2"  # only GPU 1's agent has a task 2
+    assert "exists on" in assert_usage_error(freeride("pause", "1", "--all", env=env))  # both have a task 1
+    assert "no agent of 2 has task '9'" in assert_usage_error(freeride("cancel", "9", "--all", env=env))
+    assert "talks to one agent" in assert_usage_error(freeride("submit", "x:Y", "--all", env=env))
+
+
+def test_all_with_an_empty_runtime_directory_says_where_it_looked(tmp_path):
+    line = assert_usage_error(freeride("stats", "--all", env=_env(FREERIDE_SOCKET_DIR=str(tmp_path))))
+    assert str(tmp_path) in line and "no agent sockets" in line
+
+
+def test_top_once_prints_tasks_and_gpus_of_every_agent(two):
+    root, procs = two
+    res = freeride("top", "--once", "--all", env=_env(FREERIDE_SOCKET_DIR=str(root)))
+    assert res.returncode == 0, res.stderr
+    assert "2/2 agents" in res.stdout
+    for word in ("a0", "b1", "b2", "READY", "steps=", procs[0].target, procs[1].target):
+        assert word in res.stdout, word
+
+
+def test_top_runs_live_in_a_terminal_and_ctrl_c_exits_cleanly(two):
+    _root, procs = two
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freeride", "top", "--agent", procs[0].socket, "--interval", "0.2"],
+        stdin=follower, stdout=follower, stderr=follower, env=_env(), start_new_session=True,
+    )
+    os.close(follower)
+    seen = b""
+
+    def read_until(done: object, timeout_s: float) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < deadline:  # type: ignore[operator]
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(leader, 65536)
+                except OSError:  # the terminal closed: top has exited
+                    return
+
+    try:
+        read_until(lambda: b"a0" in seen, 20)  # the first frame
+        assert b"a0" in seen, seen.decode(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        read_until(lambda: proc.poll() is not None, 10)  # keep reading: a full terminal would block its writes
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+
+
+def test_all_skips_a_stale_socket_with_a_warning(two, tmp_path):
+    _root, procs = two
+    for p in procs:
+        (tmp_path / p.socket.name).symlink_to(p.socket)
+    (tmp_path / "agent-gpu9.sock").touch()  # left behind by an agent that died
+    res = freeride("stats", "--all", "--json", env=_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["agents"]) == 2
+    assert "agent-gpu9.sock; skipped" in res.stderr

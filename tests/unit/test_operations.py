@@ -1,0 +1,71 @@
+"""Operations settings and the bubble histogram, as specifications."""
+
+from __future__ import annotations
+
+import grp
+import os
+from pathlib import Path
+
+import pytest
+
+from freeride._auth import TokenError, read_token
+from freeride.agent.auth import LogBudget
+from freeride.agent.config import AgentConfig, ConfigError, env_defaults
+from freeride.agent.histogram import Histogram
+
+
+def test_metrics_and_tcp_are_off_and_the_socket_is_owner_and_group_only_by_default() -> None:
+    c = AgentConfig().validate()
+    assert (c.metrics_port, c.tcp, c.socket_mode_bits(), c.socket_gid()) == (0, "", 0o660, None)
+
+
+def test_every_operations_flag_has_an_env_twin(tmp_path: Path) -> None:
+    env = {"FREERIDE_METRICS_PORT": "9400", "FREERIDE_METRICS_ADDR": "0.0.0.0", "FREERIDE_SOCKET_MODE": "0600",
+           "FREERIDE_SOCKET_GROUP": grp.getgrgid(os.getgid()).gr_name, "FREERIDE_TOKEN_FILE": str(tmp_path / "t")}
+    c = AgentConfig(**env_defaults(env))  # type: ignore[arg-type]
+    assert (c.metrics_port, c.metrics_addr, c.socket_mode, c.token_file) == (9400, "0.0.0.0", "0600", tmp_path / "t")
+    assert c.socket_gid() == os.getgid()
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"tcp": "0.0.0.0:7070"}, "--tcp needs --token-file"),
+    ({"socket_mode": "0440"}, "keep owner rw"),
+    ({"socket_mode": "rw-rw----"}, "octal permissions"),
+    ({"socket_group": "no-such-group-freeride"}, "is not a group"),
+    ({"metrics_port": 70000}, "--metrics-port"),
+])
+def test_bad_operations_settings_are_refused_with_what_to_do(change: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        AgentConfig(**change).validate()  # type: ignore[arg-type]
+
+
+def test_a_token_file_must_hold_one_token(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("  abc123\n")
+    assert read_token(path) == "abc123"
+    for bad in ("", "two words"):
+        path.write_text(bad)
+        with pytest.raises(TokenError):
+            read_token(path)
+    with pytest.raises(TokenError, match="cannot read"):
+        read_token(tmp_path / "missing")
+
+
+def test_the_histogram_counts_each_length_in_the_first_bucket_that_holds_it() -> None:
+    h = Histogram()
+    for ns in (500_000, 1_000_000, 1_000_001, 30_000_000, 60 * 10**9):
+        h.observe(ns)
+    cumulative = dict(h.cumulative())
+    assert cumulative[0.001] == 2  # bounds are inclusive ("le")
+    assert cumulative[0.002] == 3 and cumulative[0.05] == 4 and cumulative[10.0] == 4
+    assert cumulative[float("inf")] == 5
+    assert h.sum_ns == 500_000 + 1_000_000 + 1_000_001 + 30_000_000 + 60 * 10**9
+
+
+def test_refusal_logging_has_a_budget_that_refills_and_counts_what_it_skipped() -> None:
+    now = [0.0]
+    budget = LogBudget(burst=3, per_s=1.0, clock=lambda: now[0])
+    assert [budget.take() for _ in range(5)] == [True, True, True, False, False]
+    assert budget.suppressed == 2
+    now[0] = 1.0  # one second refills one line
+    assert budget.take() and not budget.take()
