@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import networkx as nx
@@ -62,7 +63,7 @@ def test_pagerank_residual_falls_each_iteration_until_it_is_below_tol(tmp_path: 
     while not task.is_done():
         task.step()
         residuals.append(progress(task)["residual"])
-    assert all(b < a for a, b in zip(residuals, residuals[1:], strict=False))
+    assert all(b < a for a, b in itertools.pairwise(residuals))
     assert residuals[-1] < 1e-8 <= residuals[-2]
 
 
