@@ -26,7 +26,7 @@ class ConnectedComponents(IterativeTask):
     # Measured peak resident set with the defaults (2^16 vertices, 955k edges): ~300 MiB; scale 18 ~680 MiB.
     mem_limit_bytes = 768 * 2**20
 
-    def __init__(self, scale: int = 16, edge_factor: int = 16, block_edges: int = 1 << 18, seed: int = 0,
+    def __init__(self, scale: int = 16, edge_factor: int = 16, block_edges: int = 1 << 16, seed: int = 0,
                  device: str = "cpu", max_step_ms: float = 10.0) -> None:
         if block_edges < 1 or max_step_ms <= 0:
             raise ValueError("block_edges and max_step_ms must be positive")
