@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from freeride import IterativeTask
-from sidetasks._budget import StepBudget
+from sidetasks.budget import StepBudget
 
 _CLASSES = 10
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from freeride import IterativeTask
-from sidetasks._budget import StepBudget
+from sidetasks.budget import StepBudget
 from sidetasks.graphs import rmat_edges
 
 

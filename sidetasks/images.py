@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from freeride import IterativeTask
-from sidetasks._budget import StepBudget
+from sidetasks.budget import StepBudget
 
 #: Photographs (not drawings or test patterns) that ship in the scikit-image wheel itself.
 PHOTOS = (

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from freeride import IterativeTask
-from sidetasks._budget import StepBudget
+from sidetasks.budget import StepBudget
 from sidetasks.graphs import csr_row_blocks, rmat_edges
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidetasks._budget import StepBudget
+from sidetasks.budget import StepBudget
 
 
 class Clock:
