@@ -17,7 +17,7 @@ from freeride.v1 import tasks_pb2
 from sidetasks.images import Thumbnails
 
 S = tasks_pb2
-ARGS = {"images": 80, "size": 48, "max_step_ms": 10}
+ARGS = {"images": 200, "size": 32, "max_step_ms": 10}
 
 
 def outputs(out_dir: Path) -> dict[str, str]:
@@ -50,9 +50,9 @@ def test_thumbnails_killed_mid_way_by_sigkill_resume_and_match_an_uninterrupted_
     args = {**ARGS, "out_dir": out}
     task = client.submit(S.TaskSpec(ref="sidetasks.images:Thumbnails", args={k: str(v) for k, v in args.items()}))
     wait_for_task(client, task.id, [S.TASK_STATE_READY])
-    # Bubbles well above a step (~5-10 ms): a step the busy runner stretches past every bubble would
-    # raise the worker's step estimate above them, and the task would wait for longer bubbles.
-    with BackgroundTrainer(agent, [50.0, 50.0]):
+    # Bubbles far above a step (~5-20 ms): a step that a busy runner stretches past every bubble raises
+    # the worker's step estimate (the max while it has few samples) above them, and it would wait forever.
+    with BackgroundTrainer(agent, [150.0, 150.0]):
         running = wait_for_checkpointed_images(client, task.id, 20)
         os.kill(running.pid, signal.SIGKILL)  # wherever it is: mid-step, mid-write or between steps
         done = wait_for_task(client, task.id, [S.TASK_STATE_DONE], timeout_s=60)
