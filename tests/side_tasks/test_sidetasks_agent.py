@@ -17,7 +17,7 @@ from freeride.v1 import tasks_pb2
 from sidetasks.images import Thumbnails
 
 S = tasks_pb2
-ARGS = {"images": 200, "size": 32, "max_step_ms": 10}
+ARGS = {"images": 500, "size": 24, "max_step_ms": 10}
 
 
 def outputs(out_dir: Path) -> dict[str, str]:
