@@ -18,7 +18,10 @@ import torch
 
 from freeride import IterativeTask
 from sidetasks.budget import StepBudget
+from sidetasks.components import ConnectedComponents
 from sidetasks.graphs import csr_row_blocks, rmat_edges
+
+__all__ = ["ConnectedComponents", "PageRank"]  # the graph tasks, also as sidetasks.pagerank:ConnectedComponents
 
 
 class PageRank(IterativeTask):
