@@ -292,6 +292,14 @@ class Agent:
             tasks=[self.info(r) for r in self.records.values()],
         )
 
+    def timeline(self, since_ns: int) -> tasks_pb2.TimelineResponse:
+        bubbles, windows = self.scheduler.timeline(since_ns)
+        named = {share.task_id for w in windows for share in w.shares}
+        return tasks_pb2.TimelineResponse(
+            gpu=self.config.gpu, now_ns=self._clock(), bubbles=bubbles, windows=windows,
+            tasks=[self.info(self.records[i]) for i in sorted(named) if i in self.records],
+        )
+
     # -- trainer side ----------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
         self.scheduler.on_bubble(ev)
