@@ -104,7 +104,7 @@ def plot(lanes: Sequence[Lane], out: Path, start_ns: int, end_ns: int, title: st
     tasks = sorted({name for ln in lanes for name, spans in ln.steps.items() if _clip(spans, start_ns, end_ns)})
     colors = {name: _TASK_COLORS[i % len(_TASK_COLORS)] for i, name in enumerate(tasks)}
     ms = 1e6
-    fig, ax = plt.subplots(figsize=(13, 1.2 + 1.05 * len(lanes)), dpi=110)
+    fig, ax = plt.subplots(figsize=(13, 1.8 + 1.05 * len(lanes)), dpi=110)
     for row, ln in enumerate(lanes):
         y = len(lanes) - 1 - row  # first stage on top
         bubbles = _clip(ln.bubbles, start_ns, end_ns)
@@ -149,9 +149,9 @@ def plot(lanes: Sequence[Lane], out: Path, start_ns: int, end_ns: int, title: st
         Patch(color=_WINDOW, label="window the agent granted"),
         *(Patch(color=colors[n], label=f"side-task step: {n}") for n in tasks),
     ]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(lanes) > 2 else -0.35),
-              ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    fig.tight_layout()
+    legend_in = 0.45 * ((len(handles) + 3) // 4)
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
