@@ -128,24 +128,30 @@ def make_plan(ns: argparse.Namespace) -> Plan:
     return Plan(cfg, tasks, out_dir.absolute(), ns.worker_nice)
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # leave through the same cleanup as Ctrl-C
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C or SIGTERM: leave through the cleanup of everything started, and let a second one not cut it short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
     plan = make_plan(ns)
     console = Console(stderr=ns.json)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     # Each process of the demo gets one BLAS thread: they share this machine's cores.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     try:
         report = run(plan, console)
     except KeyboardInterrupt:
-        console.print("[bold]interrupted[/]: every process the demo started was stopped")
+        with contextlib.suppress(OSError):
+            plan.out_dir.rmdir()  # only if nothing was written there
+        console.print("interrupted: every process the demo started has been stopped")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if ns.json:
         print(json.dumps(report, indent=2))
     else:
@@ -182,7 +188,9 @@ def _agents(root: Path, stages: int, console: Console) -> Iterator[list[AgentPro
     ]
     try:
         with console.status(f"starting {stages} agents, one per pipeline stage"):
-            _in_parallel([p.start for p in procs])
+            for p in procs:
+                p.spawn()  # here, not in a thread: an interrupt cannot leave one unstopped
+            _in_parallel([p.wait_ready for p in procs])
         yield procs
     finally:
         with console.status("stopping agents and side-task workers"):
@@ -213,18 +221,27 @@ def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[in
 def run(plan: Plan, console: Console) -> dict[str, Any]:
     cfg = plan.pipeline
     started = time.monotonic()
+
+    def log(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:6.1f} s[/]  {text}", highlight=False)
+
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     console.print(demo_report.intro(plan))
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="freeride-demo-")))
         agents = stack.enter_context(_agents(root, cfg.stages, console))
+        log(f"{cfg.stages} agents up (sockets in {root})")
         clients = [stack.enter_context(a.client()) for a in agents]
         tasks = _submit(plan, clients, console)
+        log(f"{sum(len(t) for t in tasks.values())} side-task workers ready, waiting for bubbles")
         collectors = [stack.enter_context(WindowCollector(c)) for c in clients]
         run_cfg = PipelineConfig(**{**asdict(cfg), "socket_dir": str(root)})
-        pipeline = stack.enter_context(PipelineRun(run_cfg, root / "pipeline", watch=True))
+        pipeline = PipelineRun(run_cfg, root / "pipeline", watch=True)
+        stack.callback(pipeline.stop, 2.0)  # ranks keep no state worth waiting for
+        pipeline.start()
+        log(f"pipeline started: {cfg.stages} training ranks")
         train_started = time.monotonic()
-        losses = _follow(plan, pipeline, collectors, console)
+        losses = _follow(plan, pipeline, collectors, console, log)
         try:
             ranks = pipeline.wait(timeout_s=120)
         except RuntimeError as exc:
@@ -244,10 +261,12 @@ def run(plan: Plan, console: Console) -> dict[str, Any]:
     return report
 
 
-def _follow(plan: Plan, pipeline: PipelineRun, collectors: list[WindowCollector], console: Console) -> list[float]:
+def _follow(plan: Plan, pipeline: PipelineRun, collectors: list[WindowCollector], console: Console,
+            log: Callable[[str], None]) -> list[float]:
     """Show the run's progress as the last rank reports each iteration; its losses."""
     cfg = plan.pipeline
     losses: list[float] = []
+    phase = ""
     columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -258,13 +277,17 @@ def _follow(plan: Plan, pipeline: PipelineRun, collectors: list[WindowCollector]
                 losses.append(float(line["loss"]))
             nxt = plan.phase(it + 1) if it + 1 < cfg.iterations else "done"
             steps = sum(s.steps for col in collectors for w in list(col.windows) for s in w.shares)
-            progress.update(bar, completed=it + 1, description=f"training: next {_PHASE_TEXT.get(nxt, nxt)}",
+            if nxt != phase:
+                phase = nxt
+                loss = f", loss {losses[-1]:.3f}" if losses else ""
+                log(f"iteration {it + 1}: {_PHASE_TEXT.get(nxt, nxt)}{loss}, {steps} side-task steps so far")
+            progress.update(bar, completed=it + 1, description=f"training: {_PHASE_TEXT.get(nxt, nxt)}",
                             info=f"loss {losses[-1]:.2f}  side-task steps {steps}" if losses else "")
     return losses
 
 
 _PHASE_TEXT = {"baseline": "baseline (side tasks idle)", "harvest": "harvest (side tasks in bubbles)",
-               "warmup": "warm-up (agents learn bubbles)"}
+               "warmup": "warm-up (agents learn bubbles)", "done": "done"}
 
 
 if __name__ == "__main__":  # for `python -m freeride.demo` in a pinch

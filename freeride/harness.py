@@ -37,6 +37,10 @@ class AgentProcess:
         self._new_session = new_session  # True: a terminal's Ctrl-C reaches the parent only, which stops it in order
 
     def start(self, timeout_s: float = 20.0) -> AgentProcess:
+        return self.spawn().wait_ready(timeout_s)
+
+    def spawn(self) -> AgentProcess:
+        """Start the process without waiting for it (several agents can then come up side by side)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -44,6 +48,10 @@ class AgentProcess:
                  "--socket", str(self.socket), *self._extra],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=self._new_session,
             )
+        return self
+
+    def wait_ready(self, timeout_s: float = 20.0) -> AgentProcess:
+        assert self.proc is not None, "spawn() first"
         with AgentClient(self.target) as c:
             try:
                 c.wait_ready(timeout_s)
