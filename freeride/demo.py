@@ -45,13 +45,19 @@ class SideTask:
     args: dict[str, str] = field(default_factory=dict)  # "{out}" becomes the output dir, "{stage}" the stage
 
 
-# The side tasks the demo runs (the one list to change). Each agent gets every task (--placement all)
-# or one task per stage, round robin (--placement spread). Their progress() keys are reported as they are.
-SIDE_TASKS: tuple[SideTask, ...] = (
-    SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),
+# The side tasks the demo can run. Each stage gets one task of SIDE_TASKS, round robin (--placement spread),
+# or all of them (--placement all); each task's progress() keys are reported as they are. Steps of at most
+# 10 ms: a CPU pipeline's bubbles are tens of milliseconds.
+KMEANS = (SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),)
+BUNDLED = (
+    SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", "max_step_ms": "10"}),
+    SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", "max_step_ms": "10"}),
+    SideTask("thumbnails", "sidetasks.images:Thumbnails",
+             {"out_dir": "{out}/thumbnails-stage{stage}", "max_step_ms": "10"}),
 )
+SIDE_TASKS = KMEANS  # at the merge with wt-sidetasks (where sidetasks.cnn, .pagerank, .images live): BUNDLED
 
-# Sizes: a step is real work (~0.3 s on a 2-core CPU) and the whole demo fits in about two minutes.
+# Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
 _FULL = {"warmup": 4, "block": 8, "blocks": 6}
 _QUICK = {"warmup": 3, "block": 3, "blocks": 4}
 
@@ -63,16 +69,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, help="iterations before the first block, the agents learning bubbles")
     p.add_argument("--stages", type=int, default=4, help="pipeline stages, one process and one agent each")
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--dim", type=int, default=96, help="transformer width")
+    p.add_argument("--dim", type=int, default=128, help="transformer width")
     p.add_argument("--layers-per-stage", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the stages train: cpu (gloo) or cuda (one GPU per stage, NCCL)")
-    p.add_argument("--placement", choices=["all", "spread"], default="all",
-                   help="every side task on every stage, or one per stage round robin")
-    p.add_argument("--worker-nice", type=int, default=19,
-                   help="CPU niceness of side-task workers (CPU mode: they take only cycles training leaves idle)")
+    p.add_argument("--placement", choices=["spread", "all"], default="spread",
+                   help="one side task per stage, round robin (default), or every side task on every stage")
+    p.add_argument("--worker-nice", type=int, default=0, choices=range(0, 20), metavar="0..19",
+                   help="CPU niceness of side-task workers in CPU mode (19: only cycles training leaves idle)")
     p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 

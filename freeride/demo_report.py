@@ -163,19 +163,31 @@ def show(console: Console, r: dict[str, Any]) -> None:
     )
 
 
-def _shown_iterations(plan: Plan) -> range:
-    """A few iterations in the middle of the last harvest block."""
+def _shown_iterations(plan: Plan, ranks: list[dict[str, Any]], lanes: list[timeline.Lane]) -> range:
+    """The few consecutive harvest iterations in which side tasks ran longest: where there is most to see."""
     cfg = plan.pipeline
-    last = max(i for i in range(cfg.iterations) if plan.phase(i) == "harvest")
-    first = last - cfg.block + 1
-    start = first + max(0, (cfg.block - _SHOWN_ITERATIONS) // 2)
-    return range(start, min(last, start + _SHOWN_ITERATIONS - 1) + 1)
+    starts = [i for i in range(cfg.warmup, cfg.iterations - _SHOWN_ITERATIONS + 1)
+              if all(plan.phase(j) == "harvest" for j in range(i, i + _SHOWN_ITERATIONS))]
+    if not starts:  # blocks shorter than the picture: the last harvest iterations
+        last = max(i for i in range(cfg.iterations) if plan.phase(i) == "harvest")
+        return range(max(0, last - _SHOWN_ITERATIONS + 1), last + 1)
+    steps = sorted(a for ln in lanes for spans in ln.steps.values() for a, _ in spans)
+
+    def busy(i: int) -> int:
+        lo, hi = _span(ranks, range(i, i + _SHOWN_ITERATIONS))
+        return sum(1 for a in steps if lo <= a < hi)
+
+    best = max(starts, key=lambda i: (busy(i), i))
+    return range(best, best + _SHOWN_ITERATIONS)
+
+
+def _span(ranks: list[dict[str, Any]], shown: range) -> tuple[int, int]:
+    start_ns = min(r["step_start_ns"][shown.start] for r in ranks)
+    end_ns = max(r["step_start_ns"][shown[-1]] + int(r["step_ms"][shown[-1]] * 1e6) for r in ranks)
+    return start_ns, end_ns
 
 
 def draw(plan: Plan, ranks: list[dict[str, Any]], timelines: list[tasks_pb2.TimelineResponse], out: Path) -> Path:
-    shown = _shown_iterations(plan)
-    start_ns = min(r["step_start_ns"][shown.start] for r in ranks)
-    end_ns = max(r["step_start_ns"][shown[-1]] + int(r["step_ms"][shown[-1]] * 1e6) for r in ranks)
     lanes = []
     for s, (resp, rank) in enumerate(zip(timelines, ranks, strict=True)):
         (lane,) = timeline.lanes_from_timeline(resp, label=f"stage {s}") or [timeline.Lane(f"stage {s}")]
@@ -183,8 +195,10 @@ def draw(plan: Plan, ranks: list[dict[str, Any]], timelines: list[tasks_pb2.Time
         if not lane.bubbles:  # the agent saw none: use the trainer's own record
             lane.bubbles = [(b["start_ns"], b["end_ns"]) for b in rank["bubbles"] if b["kind"] != BETWEEN]
         lanes.append(lane)
+    shown = _shown_iterations(plan, ranks, lanes)
+    start_ns, end_ns = _span(ranks, shown)
     marks = [(ranks[0]["step_start_ns"][i], f"iteration {i}") for i in shown]
     cfg = plan.pipeline
     title = (f"{cfg.stages}-stage 1F1B pipeline training a byte-level transformer ({cfg.device.upper()}), "
-             f"iterations {shown.start}-{shown[-1]} (harvest block): side-task steps run only inside bubbles")
+             f"iterations {shown.start}-{shown[-1]} (harvest): side-task steps run only inside bubbles")
     return timeline.plot(lanes, out, start_ns, end_ns, title, marks)

@@ -121,6 +121,8 @@ def plot(lanes: Sequence[Lane], out: Path, start_ns: int, end_ns: int, title: st
         harvested = 0
         for name, spans in ln.steps.items():
             clipped = _clip(spans, start_ns, end_ns)
+            if not clipped:
+                continue
             harvested += _busy_ns(clipped)
             # A hairline gap between consecutive steps keeps short steps countable.
             bars = [((a - start_ns) / ms, max((b - a) / ms * 0.97, 0.05)) for a, b in clipped]
@@ -146,7 +148,7 @@ def plot(lanes: Sequence[Lane], out: Path, start_ns: int, end_ns: int, title: st
     handles = [
         Patch(color=_COMPUTE, label="training compute"),
         Patch(color=_BUBBLE, label="bubble: stage idle, waiting for a neighbour"),
-        Patch(color=_WINDOW, label="window the agent granted"),
+        Patch(color=_WINDOW, label="window granted (a task starts a step only if it fits)"),
         *(Patch(color=colors[n], label=f"side-task step: {n}") for n in tasks),
     ]
     legend_in = 0.45 * ((len(handles) + 3) // 4)
