@@ -41,8 +41,11 @@ class Lane:
 
 
 def task_labels(tasks: Iterable[tasks_pb2.TaskInfo]) -> dict[str, str]:
-    """Task id -> a short label for legends: the task's name, or its class."""
-    return {t.id: t.spec.name or t.spec.ref.rpartition(":")[2] or t.id for t in tasks}
+    """Task id -> a short label for legends: the task's name (or class), with its id where names repeat."""
+    tasks = list(tasks)
+    names = {t.id: t.spec.name or t.spec.ref.rpartition(":")[2] or t.id for t in tasks}
+    repeated = {n for n in names.values() if list(names.values()).count(n) > 1}
+    return {i: f"{n} ({i})" if n in repeated else n for i, n in names.items()}
 
 
 def lanes_from_timeline(resp: tasks_pb2.TimelineResponse, label: str | None = None,
