@@ -42,18 +42,19 @@ T = TypeVar("T")
 class SideTask:
     name: str
     ref: str
-    args: dict[str, str] = field(default_factory=dict)  # "{out}" becomes the output dir, "{stage}" the stage
+    # "{out}" becomes the output dir, "{stage}" the stage, "{device}" cpu (or auto: the agent's GPU with --device cuda)
+    args: dict[str, str] = field(default_factory=dict)
 
 
 # The side tasks the demo can run. Each stage gets one task of SIDE_TASKS, round robin (--placement spread),
 # or all of them (--placement all); each task's progress() keys are reported as they are. Steps of at most
 # 10 ms: a CPU pipeline's bubbles are tens of milliseconds.
+_SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
 KMEANS = (SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),)
 BUNDLED = (
-    SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", "max_step_ms": "10"}),
-    SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", "max_step_ms": "10"}),
-    SideTask("thumbnails", "sidetasks.images:Thumbnails",
-             {"out_dir": "{out}/thumbnails-stage{stage}", "max_step_ms": "10"}),
+    SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", **_SMALL_STEPS}),
+    SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", **_SMALL_STEPS}),
+    SideTask("thumbnails", "sidetasks.images:Thumbnails", {"out_dir": "{out}/thumbnails-stage{stage}", **_SMALL_STEPS}),
 )
 SIDE_TASKS = KMEANS  # at the merge with wt-sidetasks (where sidetasks.cnn, .pagerank, .images live): BUNDLED
 
@@ -208,7 +209,8 @@ def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[in
     jobs: list[tuple[int, SideTask]] = [(s, t) for s, ts in plan.tasks.items() for t in ts]
 
     def submit(stage: int, task: SideTask) -> tasks_pb2.TaskInfo:
-        args = {k: v.format(out=plan.out_dir, stage=stage) for k, v in task.args.items()}
+        device = "auto" if plan.pipeline.device == "cuda" else "cpu"
+        args = {k: v.format(out=plan.out_dir, stage=stage, device=device) for k, v in task.args.items()}
         info = clients[stage].submit(tasks_pb2.TaskSpec(name=task.name, ref=task.ref, args=args))
         return wait_for_task(clients[stage], info.id, [tasks_pb2.TASK_STATE_READY], timeout_s=120)
 
