@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -114,16 +115,20 @@ def _fmt(v: float) -> str:
 
 
 def _progress_text(progress: dict[str, dict[str, float]]) -> str:
-    parts = []
-    for key, v in progress.items():
-        parts.append(f"{key} {_fmt(v['end'])}" if v["start"] == v["end"] else
-                     f"{key} {_fmt(v['start'])} → {_fmt(v['end'])}")
-    return ", ".join(parts) or "-"
+    """The keys that moved, as 'key start → end'; the others only when nothing moved."""
+    moved = {k: v for k, v in progress.items() if v["start"] != v["end"]}
+    if not moved:
+        return ", ".join(f"{k} {_fmt(v['end'])}" for k, v in progress.items()) or "-"
+    return ", ".join(f"{k} {_fmt(v['start'])} → {_fmt(v['end'])}" for k, v in moved.items())
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)  # fits 80 columns
 
 
 def show(console: Console, r: dict[str, Any]) -> None:
     sm = r["step_ms"]
-    train = Table(title="training step time (median over each phase's iterations)")
+    train = _table("training step time (median over each phase's iterations)")
     for col in ("phase", "iterations", "step time", "loss"):
         train.add_column(col, justify="right")
     train.add_row("baseline: side tasks idle", str(len(sm["baseline"])), f"{sm['baseline_median']:.0f} ms",
@@ -133,8 +138,8 @@ def show(console: Console, r: dict[str, Any]) -> None:
     train.add_row("slowdown", "", f"{r['slowdown']:+.1%}", "", style="bold")
     console.print(train)
 
-    stages = Table(title="bubbles and harvested time per stage (harvest and warm-up iterations)")
-    for col in ("stage", "bubbles", "idle", "harvested", "efficiency", "side-task steps", "overruns", "grant p50"):
+    stages = _table("bubbles and harvested time per stage (harvest and warm-up iterations; grant: p50 latency)")
+    for col in ("stage", "bubbles", "idle", "harvested", "efficiency", "steps", "overruns", "grant"):
         stages.add_column(col, justify="right")
     for st in r["stages"]:
         stages.add_row(str(st["stage"]), str(st["bubbles"]), format_seconds(st["bubble_s"]),
@@ -144,17 +149,23 @@ def show(console: Console, r: dict[str, Any]) -> None:
                    "", "", "", style="bold")
     console.print(stages)
 
-    tasks = Table(title="side tasks: harvested time, share of the stage's bubbles, progress")
-    for col in ("task", "stage", "harvested", "efficiency", "steps", "step p95", "progress"):
-        tasks.add_column(col, justify="left" if col in ("task", "progress") else "right")
+    tasks = _table("side tasks: harvested time and its share of the stage's bubbles")
+    for col in ("task", "stage", "harvested", "efficiency", "steps", "step p95"):
+        tasks.add_column(col, justify="left" if col == "task" else "right")
+    progress = _table("side tasks: progress made (start → end; what each task's progress() reports)")
+    progress.add_column("task")
+    progress.add_column("stage", justify="right")
+    progress.add_column("progress")
     for st in r["stages"]:
         for name, t in st["tasks"].items():
             tasks.add_row(name, str(st["stage"]), format_seconds(t["harvested_s"]), f"{t['efficiency']:.1%}",
-                          str(t["steps"]), f"{t['step_p95_ms']:.1f} ms", _progress_text(t["progress"]))
+                          str(t["steps"]), f"{t['step_p95_ms']:.1f} ms")
+            progress.add_row(name, str(st["stage"]), _progress_text(t["progress"]))
     for t in r["tasks"]:
         tasks.add_row(t["name"], "all", format_seconds(t["harvested_s"]), f"{t['efficiency']:.1%}", str(t["steps"]),
-                      "", "", style="bold")
+                      "", style="bold")
     console.print(tasks)
+    console.print(progress)
     console.print(
         f"Training took {sm['baseline_median']:.0f} ms a step without side tasks and {sm['harvest_median']:.0f} ms "
         f"with them ({r['slowdown']:+.1%}). The stages idled {format_seconds(r['bubble_s'])} in the iterations that "
