@@ -190,6 +190,7 @@ class Scheduler:
             self.bubble_history.append(bubble)
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
+            bubble.window = None  # the bubble history must not keep windows (and their steps) alive
 
     def trainer_gone(self, rank: int) -> None:
         """A trainer stream ended: close its window now; its bubble never gets an END."""
