@@ -133,26 +133,13 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
 def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     d = demo()
     d.wait_for_line("iteration 1:", timeout_s=90)  # training is running: ranks, agents and workers are all up
-    assert len(_marked(d.mark)) >= 1 + 4 + 4 + 4  # the demo, 4 agents, 4 workers, 4 ranks
+    running = _marked(d.mark)
+    assert len(running) >= 1 + 4 + 4 + 4, [p.cmdline()[:5] for p in running]  # demo, 4 agents, 4+ workers, 4 ranks
     d.proc.send_signal(signal.SIGINT)
     code, stdout = d.finish(timeout_s=30)
-    assert code == 130, "".join(d.stderr)[-4000:]
+    stderr = "".join(d.stderr)
+    assert code == 130, stderr[-4000:]
     assert stdout == ""
-    assert "interrupted" in d.stderr[-1]
-    assert "Traceback" not in "".join(d.stderr)
+    assert "Traceback" not in stderr, stderr[-4000:]
+    assert "interrupted: every process the demo started has been stopped" in stderr.splitlines()[-1], stderr[-2000:]
     assert _marked(d.mark) == [], "processes outlived the interrupted demo"
-
-
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--blocks", "3"], ["--blocks must be even"]),
-    (["--stages", "1"], ["--stages must be between 2 and 8"]),
-    (["--out", "."], ["exists and is not empty"]),
-])
-def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, words):
-    (tmp_path / "something").write_text("")
-    res = subprocess.run([sys.executable, "-m", "freeride", "demo", *argv], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    (line,) = res.stderr.splitlines()
-    assert all(w in line for w in words), line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["something"]  # no output directory either
