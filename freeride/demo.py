@@ -46,9 +46,9 @@ class SideTask:
     args: dict[str, str] = field(default_factory=dict)
 
 
-# The side tasks the demo can run. Each stage gets one task of SIDE_TASKS, round robin (--placement spread),
-# or all of them (--placement all); each task's progress() keys are reported as they are. Steps of at most
-# 10 ms: a CPU pipeline's bubbles are tens of milliseconds.
+# The side tasks the demo can run. Each stage gets all of SIDE_TASKS (--placement all) or one of them, round
+# robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 10 ms:
+# a CPU pipeline's bubbles are tens of milliseconds.
 _SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
 KMEANS = (SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),)
 BUNDLED = (
@@ -76,10 +76,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the stages train: cpu (gloo) or cuda (one GPU per stage, NCCL)")
-    p.add_argument("--placement", choices=["spread", "all"], default="spread",
-                   help="one side task per stage, round robin (default), or every side task on every stage")
-    p.add_argument("--worker-nice", type=int, default=0, choices=range(0, 20), metavar="0..19",
-                   help="CPU niceness of side-task workers in CPU mode (19: only cycles training leaves idle)")
+    p.add_argument("--placement", choices=["all", "spread"], default="all",
+                   help="every side task on every stage (default; ~3.5 GB), or one per stage round robin (~1.5 GB)")
+    p.add_argument("--worker-nice", type=int, default=19, choices=range(0, 20), metavar="0..19",
+                   help="CPU niceness of side-task workers in CPU mode (default 19: the CPU's low-priority stream; "
+                        "0: they compete with training as equals)")
     p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 

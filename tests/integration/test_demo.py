@@ -47,7 +47,10 @@ class Demo:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
         env.update(FREERIDE_TEST_MARK=self.mark, COLUMNS="200", PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "freeride", "demo", "--quick", "--json", "--out", str(self.out), *args],
+            # One side task per stage (not every task on every stage): the same code paths, half the start-up.
+            # Workers at normal CPU priority: on a loaded CI runner, low-priority ones may get no CPU at all.
+            [sys.executable, "-m", "freeride", "demo", "--quick", "--placement", "spread", "--worker-nice", "0",
+             "--json", "--out", str(self.out), *args],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
