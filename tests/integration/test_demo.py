@@ -146,3 +146,18 @@ def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     assert "Traceback" not in stderr, stderr[-4000:]
     assert "interrupted: every process the demo started has been stopped" in stderr.splitlines()[-1], stderr[-2000:]
     assert _marked(d.mark) == [], "processes outlived the interrupted demo"
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--blocks", "3"], ["--blocks must be even"]),
+    (["--stages", "1"], ["--stages must be between 2 and 8"]),
+    (["--out", "."], ["exists and is not empty"]),
+])
+def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, words):
+    (tmp_path / "something").write_text("")
+    res = subprocess.run([sys.executable, "-m", "freeride", "demo", *argv], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.splitlines()
+    assert all(w in line for w in words), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["something"]  # no output directory either
