@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -102,6 +103,9 @@ class Plan:
 
 
 def make_plan(ns: argparse.Namespace) -> Plan:
+    missing = [m for m in ("torch", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:  # said before anything starts, not after the run
+        raise UsageError(f"freeride demo needs {' and '.join(missing)}: pip install 'freeride[demo]'")
     sizes = dict(_QUICK if ns.quick else _FULL)
     for key in sizes:
         if getattr(ns, key) is not None:
