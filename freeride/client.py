@@ -82,6 +82,10 @@ class AgentClient:
     def stats(self) -> tasks_pb2.StatsResponse:
         return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)
 
+    def timeline(self, since_ns: int = 0) -> tasks_pb2.TimelineResponse:
+        """The agent's recent bubbles and windows (with each side-task step), for plotting."""
+        return self.tasks.Timeline(tasks_pb2.TimelineRequest(since_ns=since_ns), timeout=self.timeout_s)
+
     def watch(self) -> EventStream:
         """Events as they happen, until `cancel()` is called on the returned stream."""
         stream: EventStream = self.tasks.Watch(tasks_pb2.WatchRequest())

@@ -1,148 +1,309 @@
-"""`freeride demo`: one agent per pipeline stage, a synthetic 1F1B trainer, a real side task in the bubbles.
+"""`freeride demo`: a real 4-stage pipeline training a small transformer, with side tasks in its bubbles.
 
-Each stage's trainer thread replays that stage's schedule in real time (compute as sleeps,
-bubbles reported through a real BubbleReporter); each agent runs a mini-batch k-means side
-task in a real worker process. At the end: bubble time, harvested time and progress per stage.
+One agent per stage (temporary state dir, unix sockets), the side tasks submitted to each, and a
+real torch.distributed.pipelining 1F1B run (gloo on CPU; `--device cuda` on GPUs) of a byte-level
+language model, instrumented with freeride. Training alternates blocks of iterations that do not
+report bubbles (baseline: no side-task step can run) with blocks that do (harvest), so the cost of
+harvesting is measured in the same run. At the end: a report (tables, JSON) and timeline.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
+import signal
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 
+import psutil
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from freeride._stats import percentile
-from freeride.bench import trace as tr
-from freeride.cli.units import format_seconds
-from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
-from freeride.trainer.reporter import BubbleReporter
+from freeride import demo_report
+from freeride.bench.pipeline import PipelineConfig, PipelineRun
+from freeride.cli.main import UsageError
+from freeride.client import AgentClient
+from freeride.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SideTask:
+    name: str
+    ref: str
+    # "{out}" becomes the output dir, "{stage}" the stage, "{device}" cpu (or auto: the agent's GPU with --device cuda)
+    args: dict[str, str] = field(default_factory=dict)
+
+
+# The side tasks the demo can run. Each stage gets all of SIDE_TASKS (--placement all) or one of them, round
+# robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 10 ms:
+# a CPU pipeline's bubbles are tens of milliseconds.
+_SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
+KMEANS = (SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),)
+BUNDLED = (
+    SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", **_SMALL_STEPS}),
+    SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", **_SMALL_STEPS}),
+    SideTask("thumbnails", "sidetasks.images:Thumbnails", {"out_dir": "{out}/thumbnails-stage{stage}", **_SMALL_STEPS}),
+)
+SIDE_TASKS = BUNDLED
+
+# Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
+_FULL = {"warmup": 4, "block": 8, "blocks": 6}
+_QUICK = {"warmup": 3, "block": 3, "blocks": 4}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--quick", action="store_true", help="a short run (for tests and a first look)")
+    p.add_argument("--block", type=int, help="iterations per baseline or harvest block (default 8; quick 3)")
+    p.add_argument("--blocks", type=int, help="baseline and harvest blocks, alternating (even; default 6; quick 4)")
+    p.add_argument("--warmup", type=int, help="iterations before the first block, the agents learning bubbles")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages, one process and one agent each")
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--forward-ms", type=float, default=20.0)
-    p.add_argument("--backward-ms", type=float, default=40.0)
-    p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON here")
+    p.add_argument("--dim", type=int, default=128, help="transformer width")
+    p.add_argument("--layers-per-stage", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the stages train: cpu (gloo) or cuda (one GPU per stage, NCCL)")
+    p.add_argument("--placement", choices=["all", "spread"], default="all",
+                   help="every side task on every stage (default; ~3.5 GB), or one per stage round robin (~1.5 GB)")
+    p.add_argument("--worker-nice", type=int, default=19, choices=range(0, 20), metavar="0..19",
+                   help="CPU niceness of side-task workers in CPU mode (default 19: the CPU's low-priority stream; "
+                        "0: they compete with training as equals)")
+    p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
 
-def _stage_thread(agent: AgentProcess, stage: int, iterations: list[list[tr.Segment]], progress: Any, bar: Any) -> None:
-    reporter = BubbleReporter(agent.target, rank=stage, stage=stage)
-    try:
-        reporter.wait_connected(10)
-        for it in iterations:
-            replay(reporter, [it])
-            progress.advance(bar)
-    finally:
-        reporter.close()
+@dataclass(frozen=True)
+class Plan:
+    """What the run does, fixed before it starts."""
+
+    pipeline: PipelineConfig
+    tasks: dict[int, list[SideTask]]  # stage -> its side tasks
+    out_dir: Path
+    worker_nice: int
+
+    def phase(self, iteration: int) -> str:
+        cfg = self.pipeline
+        if iteration < cfg.warmup:
+            return "warmup"
+        return "harvest" if cfg.instrumented(iteration) else "baseline"
+
+
+def make_plan(ns: argparse.Namespace) -> Plan:
+    missing = [m for m in ("torch", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:  # said before anything starts, not after the run
+        raise UsageError(f"freeride demo needs {' and '.join(missing)}: pip install 'freeride[demo]'")
+    sizes = dict(_QUICK if ns.quick else _FULL)
+    for key in sizes:
+        if getattr(ns, key) is not None:
+            sizes[key] = getattr(ns, key)
+    if sizes["block"] < 1 or sizes["warmup"] < 0:
+        raise UsageError("--block must be at least 1 and --warmup at least 0")
+    if sizes["blocks"] < 2 or sizes["blocks"] % 2:
+        raise UsageError(f"--blocks must be even and at least 2 (baseline and harvest alternate): {sizes['blocks']}")
+    if not 2 <= ns.stages <= 8:
+        raise UsageError(f"--stages must be between 2 and 8, got {ns.stages}")
+    if ns.microbatches < 1 or ns.dim < 8 or ns.dim % 4 or ns.layers_per_stage < 1 or ns.seq_len < 8:
+        raise UsageError("model sizes must be positive: --microbatches >= 1, --dim a multiple of 4 >= 8, "
+                         "--layers-per-stage >= 1, --seq-len >= 8")
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA GPU here; leave --device out to train on the CPU")
+    out_dir = ns.out or Path.cwd() / time.strftime("freeride-demo-%Y%m%d-%H%M%S")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} exists and is not empty; give a new directory")
+    cfg = PipelineConfig(
+        schedule="1F1B", stages=ns.stages, microbatches=ns.microbatches, model="transformer", dim=ns.dim,
+        layers_per_stage=ns.layers_per_stage, heads=4, seq_len=ns.seq_len, microbatch_size=ns.microbatch_size,
+        iterations=sizes["warmup"] + sizes["block"] * sizes["blocks"], warmup=sizes["warmup"], block=sizes["block"],
+        alternate=True, instrument=True, record=True, device=ns.device,
+    )
+    if ns.placement == "all":
+        tasks = {s: list(SIDE_TASKS) for s in range(ns.stages)}
+    else:
+        tasks = {s: [SIDE_TASKS[s % len(SIDE_TASKS)]] for s in range(ns.stages)}
+    return Plan(cfg, tasks, out_dir.absolute(), ns.worker_nice)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C or SIGTERM: leave through the cleanup of everything started, and let a second one not cut it short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    console = Console()
-    # Four workers share this machine's cores with four agents: one BLAS thread each avoids oversubscription.
+    plan = make_plan(ns)
+    console = Console(stderr=ns.json)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Each process of the demo gets one BLAS thread: they share this machine's cores.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    p, m = ns.stages, ns.microbatches
-    trace = tr.generate("1F1B", p, m, ns.forward_ms, ns.backward_ms, 0.02, ns.iterations)
-    theory = (p - 1) / (m + p - 1)
-    console.print(
-        f"[bold]freeride demo[/]: 1F1B pipeline, p={p} stages, m={m} micro-batches, F={ns.forward_ms:g} ms, "
-        f"B={ns.backward_ms:g} ms, {ns.iterations} iterations; each stage idles {theory:.1%} of the time.\n"
-        "One agent per stage; each runs a mini-batch k-means side task (sidetasks.kmeans:KMeans) in its bubbles."
-    )
-    with contextlib.ExitStack() as stack:
-        agents = []
-        with console.status("starting agents and side-task workers"):
-            for stage in range(p):
-                agents.append(stack.enter_context(AgentProcess(gpu=stage)))
-            clients = [stack.enter_context(a.client()) for a in agents]
-            tasks = [
-                c.submit(tasks_pb2.TaskSpec(name=f"kmeans-stage{s}", ref="sidetasks.kmeans:KMeans",
-                                            args={"steps": "1000000", "seed": str(s)}))
-                for s, c in enumerate(clients)
-            ]
-            for c, t in zip(clients, tasks, strict=True):
-                wait_for_task(c, t.id, [tasks_pb2.TASK_STATE_READY])
-        collectors = [stack.enter_context(WindowCollector(c)) for c in clients]
-        start_inertia = [c.get(t.id).progress.get("inertia", 0.0) for c, t in zip(clients, tasks, strict=True)]
-        t0 = time.monotonic()
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeRemainingColumn(), console=console) as progress:
-            threads = []
-            for s, agent in enumerate(agents):
-                bar = progress.add_task(f"stage {s} iterations", total=ns.iterations)
-                th = threading.Thread(target=_stage_thread, args=(agent, s, trace[s], progress, bar), daemon=True)
-                th.start()
-                threads.append(th)
-            for th in threads:
-                th.join()
-        wall_s = time.monotonic() - t0
-        for col, s in zip(collectors, range(p), strict=True):
-            col.wait_for(sum(seg.bubble and seg.duration_s > 1e-3 for it in trace[s][2:] for seg in it), 2.0)
-        report = _report(clients, tasks, collectors, start_inertia, wall_s, ns, theory)
-    _print(console, report)
+    try:
+        report = run(plan, console)
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            plan.out_dir.rmdir()  # only if nothing was written there
+        console.print("interrupted: every process the demo started has been stopped")
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if ns.json:
-        ns.json.write_text(json.dumps(report, indent=2))
-        console.print(f"report written to {ns.json}")
+        print(json.dumps(report, indent=2))
+    else:
+        demo_report.show(console, report)
     return 0
 
 
-def _report(clients: list[Any], tasks: list[Any], collectors: list[WindowCollector], start_inertia: list[float],
-            wall_s: float, ns: argparse.Namespace, theory: float) -> dict[str, Any]:
-    stages = []
-    for s, (c, t, col) in enumerate(zip(clients, tasks, collectors, strict=True)):
-        g = c.stats().gpu
-        info = c.get(t.id)
-        grant_p50_us = percentile(grant_latencies_us(col.windows), 0.5)
-        stages.append({
-            "stage": s,
-            "bubbles": g.bubbles,
-            "bubble_s": round(g.bubble_s, 3),
-            "harvested_s": round(g.harvested_s, 3),
-            "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
-            "steps": info.counters.steps,
-            "overrun_steps": info.counters.overrun_steps,
-            "grant_us_p50": round(grant_p50_us, 1),
-            "kmeans_inertia_start": round(start_inertia[s], 2),
-            "kmeans_inertia_end": round(info.progress.get("inertia", 0.0), 2),
-        })
-    bubble = sum(st["bubble_s"] for st in stages)
-    harvested = sum(st["harvested_s"] for st in stages)
-    return {
-        "schedule": "1F1B", "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,
-        "iterations": ns.iterations, "wall_s": round(wall_s, 2), "bubble_fraction_theory": round(theory, 4),
-        "stages": stages,
-        "bubble_s": round(bubble, 3), "harvested_s": round(harvested, 3),
-        "efficiency": round(harvested / bubble, 4) if bubble else 0.0,
-    }
+def _in_parallel(fns: list[Callable[[], T]]) -> list[T]:
+    """Run blocking calls side by side (agent start-up, submissions: each waits on a child process)."""
+    results: list[Any] = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = fns[i]()
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
-def _print(console: Console, r: dict[str, Any]) -> None:
-    table = Table(title="harvested GPU time per stage")
-    for col in ("stage", "idle", "harvested", "efficiency", "steps", "overruns", "grant p50", "k-means inertia"):
-        table.add_column(col, justify="right")
-    for st in r["stages"]:
-        table.add_row(
-            str(st["stage"]), format_seconds(st["bubble_s"]), format_seconds(st["harvested_s"]),
-            f"{st['efficiency']:.1%}", str(st["steps"]), str(st["overrun_steps"]), f"{st['grant_us_p50']:.0f} µs",
-            f"{st['kmeans_inertia_start']:.1f} → {st['kmeans_inertia_end']:.1f}",
-        )
-    table.add_row("all", format_seconds(r["bubble_s"]), format_seconds(r["harvested_s"]), f"{r['efficiency']:.1%}",
-                  "", "", "", "", style="bold")
-    console.print(table)
-    console.print(
-        f"In {r['wall_s']:.1f} s of training, the stages were idle {format_seconds(r['bubble_s'])} in total; "
-        f"freeride turned {format_seconds(r['harvested_s'])} of it ({r['efficiency']:.1%}) into side-task steps. "
-        "The first two iterations of each bubble slot are spent learning its length."
-    )
+@contextlib.contextmanager
+def _agents(root: Path, stages: int, console: Console) -> Iterator[list[AgentProcess]]:
+    procs = [
+        AgentProcess(state_dir=root / f"state{s}", gpu=s, new_session=True, extra_args=["--shutdown-grace-s", "5"])
+        for s in range(stages)
+    ]
+    try:
+        with console.status(f"starting {stages} agents, one per pipeline stage"):
+            for p in procs:
+                p.spawn()  # here, not in a thread: an interrupt cannot leave one unstopped
+            _in_parallel([p.wait_ready for p in procs])
+        yield procs
+    finally:
+        with console.status("stopping agents and side-task workers"):
+            _in_parallel([p.stop for p in procs])
+
+
+def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[int, dict[str, tasks_pb2.TaskInfo]]:
+    """Every stage's side tasks, submitted and READY; workers reniced (CPU mode: idle cycles only)."""
+    jobs: list[tuple[int, SideTask]] = [(s, t) for s, ts in plan.tasks.items() for t in ts]
+
+    def submit(stage: int, task: SideTask) -> tasks_pb2.TaskInfo:
+        device = "auto" if plan.pipeline.device == "cuda" else "cpu"
+        args = {k: v.format(out=plan.out_dir, stage=stage, device=device) for k, v in task.args.items()}
+        info = clients[stage].submit(tasks_pb2.TaskSpec(name=task.name, ref=task.ref, args=args))
+        return wait_for_task(clients[stage], info.id, [tasks_pb2.TASK_STATE_READY], timeout_s=120)
+
+    with console.status(f"submitting {len(jobs)} side tasks ({', '.join(sorted({t.name for _, t in jobs}))}) "
+                        "and waiting for their workers"):
+        infos = _in_parallel([lambda s=s, t=t: submit(s, t) for s, t in jobs])  # type: ignore[misc]
+    out: dict[int, dict[str, tasks_pb2.TaskInfo]] = {}
+    for (stage, task), info in zip(jobs, infos, strict=True):
+        out.setdefault(stage, {})[task.name] = info
+        if plan.worker_nice and plan.pipeline.device == "cpu" and info.pid:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(info.pid).nice(plan.worker_nice)
+    return out
+
+
+def run(plan: Plan, console: Console) -> dict[str, Any]:
+    cfg = plan.pipeline
+    started = time.monotonic()
+
+    def log(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:6.1f} s[/]  {text}", highlight=False)
+
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    console.print(demo_report.intro(plan))
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="freeride-demo-")))
+        agents = stack.enter_context(_agents(root, cfg.stages, console))
+        log(f"{cfg.stages} agents up (sockets in {root})")
+        clients = [stack.enter_context(a.client()) for a in agents]
+        tasks = _submit(plan, clients, console)
+        log(f"{sum(len(t) for t in tasks.values())} side-task workers ready, waiting for bubbles")
+        collectors = [stack.enter_context(WindowCollector(c)) for c in clients]
+        run_cfg = PipelineConfig(**{**asdict(cfg), "socket_dir": str(root)})
+        pipeline = PipelineRun(run_cfg, root / "pipeline", watch=True)
+        stack.callback(pipeline.stop, 2.0)  # ranks keep no state worth waiting for
+        pipeline.start()
+        log(f"pipeline started: {cfg.stages} training ranks")
+        train_started = time.monotonic()
+        losses = _follow(plan, pipeline, collectors, console, log)
+        try:
+            ranks = pipeline.wait(timeout_s=120)
+        except RuntimeError as exc:
+            raise UsageError(f"the training run failed: {exc}") from None
+        train_s = time.monotonic() - train_started
+        timelines = [c.timeline() for c in clients]
+        stats = [c.stats() for c in clients]
+        finals = {s: {name: clients[s].get(info.id) for name, info in ts.items()} for s, ts in tasks.items()}
+        report = demo_report.build(plan, ranks, losses, tasks, finals, stats, collectors, train_s)
+        png = plan.out_dir / "timeline.png"
+        demo_report.draw(plan, ranks, timelines, png)
+        report["timeline_png"] = str(png)
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    path = plan.out_dir / "report.json"
+    report["report_json"] = str(path)
+    path.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _follow(plan: Plan, pipeline: PipelineRun, collectors: list[WindowCollector], console: Console,
+            log: Callable[[str], None]) -> list[float]:
+    """Show the run's progress as the last rank reports each iteration; its losses."""
+    cfg = plan.pipeline
+    losses: list[float] = []
+    phase = ""
+    columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(f"starting the pipeline ({cfg.stages} ranks)", total=cfg.iterations, info="")
+        for line in pipeline.iterations():
+            it = int(line["iteration"])
+            if line.get("loss") is not None:
+                losses.append(float(line["loss"]))
+            nxt = plan.phase(it + 1) if it + 1 < cfg.iterations else "done"
+            steps = sum(s.steps for col in collectors for w in list(col.windows) for s in w.shares)
+            if nxt != phase:
+                phase = nxt
+                loss = f", loss {losses[-1]:.3f}" if losses else ""
+                log(f"iteration {it + 1}: {_PHASE_TEXT.get(nxt, nxt)}{loss}, {steps} side-task steps so far")
+            progress.update(bar, completed=it + 1, description=f"training: {_PHASE_TEXT.get(nxt, nxt)}",
+                            info=f"loss {losses[-1]:.2f}  side-task steps {steps}" if losses else "")
+    return losses
+
+
+_PHASE_TEXT = {"baseline": "baseline (side tasks idle)", "harvest": "harvest (side tasks in bubbles)",
+               "warmup": "warm-up (agents learn bubbles)", "done": "done"}
+
+
+if __name__ == "__main__":  # for `python -m freeride.demo` in a pinch
+    from freeride.cli.main import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))

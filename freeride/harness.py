@@ -25,7 +25,7 @@ class AgentProcess:
     """`freeride agent` in a child process with its own state dir and socket."""
 
     def __init__(self, state_dir: Path | None = None, gpu: int = 0, extra_args: Iterable[str] = (),
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, new_session: bool = False) -> None:
         self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="freeride-")
         self.state_dir = state_dir if state_dir is not None else Path(self._tmp.name) / "state"  # type: ignore[union-attr]
         self.socket = self.state_dir.parent / f"agent-gpu{gpu}.sock"
@@ -34,15 +34,24 @@ class AgentProcess:
         self._extra = list(extra_args)
         self.log_path = log_path or self.state_dir.parent / f"agent-gpu{gpu}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._new_session = new_session  # True: a terminal's Ctrl-C reaches the parent only, which stops it in order
 
     def start(self, timeout_s: float = 20.0) -> AgentProcess:
+        return self.spawn().wait_ready(timeout_s)
+
+    def spawn(self) -> AgentProcess:
+        """Start the process without waiting for it (several agents can then come up side by side)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "freeride", "agent", "--gpu", str(self.gpu), "--state-dir", str(self.state_dir),
                  "--socket", str(self.socket), *self._extra],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=self._new_session,
             )
+        return self
+
+    def wait_ready(self, timeout_s: float = 20.0) -> AgentProcess:
+        assert self.proc is not None, "spawn() first"
         with AgentClient(self.target) as c:
             try:
                 c.wait_ready(timeout_s)

@@ -400,6 +400,14 @@ class Agent:
                 out.trainer_peak_bytes = max(0, snap.total_bytes - hint)
         return out
 
+    def timeline(self, since_ns: int) -> tasks_pb2.TimelineResponse:
+        bubbles, windows = self.scheduler.timeline(since_ns)
+        named = {share.task_id for w in windows for share in w.shares}
+        return tasks_pb2.TimelineResponse(
+            gpu=self.config.gpu, now_ns=self._clock(), bubbles=bubbles, windows=windows,
+            tasks=[self.info(self.records[i]) for i in sorted(named) if i in self.records],
+        )
+
     # -- trainer side ----------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
         hint = self.scheduler.trainer_free_memory_bytes

@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 _MIN_ERROR_BUBBLE_NS = 1_000_000  # relative errors of sub-millisecond bubbles say nothing useful
 _MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory without bound
+HISTORY_BUBBLES = 4096  # bubbles kept for `freeride timeline` (a few hundred iterations)
+HISTORY_WINDOWS = 512  # accounted windows kept with their steps (the steps make these the heavier ones)
+TIMELINE_MAX_STEPS = 50_000  # steps in one Timeline answer: about 1 MB
 
 
 class TimerHandle(Protocol):
@@ -75,6 +78,7 @@ class Window:
     tried: set[str] = field(default_factory=set)
     shares: list[_Share] = field(default_factory=list)
     timer: TimerHandle | None = None
+    record: tasks_pb2.WindowRecord | None = None  # set when accounted
 
 
 @dataclass
@@ -84,6 +88,8 @@ class _Bubble:
     start_ns: int
     predicted_ns: int | None
     window: Window | None
+    rank: int = 0
+    end_ns: int = 0
 
 
 @dataclass
@@ -120,6 +126,9 @@ class Scheduler:
         self.event_delays_ns: deque[int] = deque(maxlen=1024)
         self.trainer_free_memory_bytes = 0
         self.bubble_lengths = Histogram()  # since the agent started; read by the metrics endpoint
+        # Recent history for timelines: the objects the control path made anyway, kept by reference.
+        self.bubble_history: deque[_Bubble] = deque(maxlen=HISTORY_BUBBLES)
+        self.window_history: deque[Window] = deque(maxlen=HISTORY_WINDOWS)
 
     # -- trainer side ------------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
@@ -152,7 +161,7 @@ class Scheduler:
         predicted = self._predictor(ev.rank, ev.slot).predict_ns()
         if predicted is None and ev.expected_duration_ns > 0:
             predicted = ev.expected_duration_ns
-        bubble = _Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None)
+        bubble = _Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None, ev.rank)
         self._bubbles[ev.rank] = bubble
         if predicted is None or self._current is not None:
             return
@@ -179,8 +188,11 @@ class Scheduler:
             if bubble.predicted_ns is not None and length >= _MIN_ERROR_BUBBLE_NS:
                 self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
             self._predictor(ev.rank, ev.slot).observe(length)
+            bubble.end_ns = ev.time_ns
+            self.bubble_history.append(bubble)
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
+            bubble.window = None  # the bubble history must not keep windows (and their steps) alive
         if length > 0:
             self.bubble_lengths.observe(length)  # after the revoke: it only feeds /metrics
 
@@ -342,6 +354,8 @@ class Scheduler:
                 overrun_ns=overrun,
             )
         self.margin.on_window(window_overrun)
+        w.record = record
+        self.window_history.append(w)
         total = Counters()
         for c in per_task.values():
             total.add(c)
@@ -349,3 +363,29 @@ class Scheduler:
         total.bubbles = total.bubble_ns = 0  # the GPU's bubbles are counted at their END, granted or not
         self.gpu.add(total)
         self._on_account(record, per_task, total)
+
+    # -- history ---------------------------------------------------------------------------------
+    def timeline(
+        self, since_ns: int = 0, max_steps: int = TIMELINE_MAX_STEPS
+    ) -> tuple[list[tasks_pb2.BubbleSpan], list[tasks_pb2.WindowRecord]]:
+        """The kept bubbles and accounted windows that end after `since_ns`; the newest windows'
+        shares carry their steps, up to `max_steps` in all (the answer must fit one gRPC message)."""
+        bubbles = [
+            tasks_pb2.BubbleSpan(rank=b.rank, slot=b.slot, iteration=b.iteration, start_ns=b.start_ns,
+                                 end_ns=b.end_ns, predicted_ns=b.predicted_ns or 0)
+            for b in self.bubble_history if b.end_ns > since_ns
+        ]
+        windows = []
+        budget = max_steps
+        for w in reversed(self.window_history):
+            if w.record is None or w.record.bubble_end_ns <= since_ns:
+                continue
+            record = tasks_pb2.WindowRecord()
+            record.CopyFrom(w.record)
+            for share_pb, share in zip(record.shares, w.shares, strict=True):
+                if len(share.steps) <= budget:
+                    budget -= len(share.steps)
+                    share_pb.step_spans.extend(tasks_pb2.StepSpan(start_ns=a, duration_ns=d) for a, d in share.steps)
+            windows.append(record)
+        windows.reverse()
+        return bubbles, windows

@@ -85,6 +85,12 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.StatsResponse:
         return self._agent.stats()
 
+    @_status_errors
+    async def Timeline(
+        self, request: tasks_pb2.TimelineRequest, context: grpc.aio.ServicerContext
+    ) -> tasks_pb2.TimelineResponse:
+        return self._agent.timeline(request.since_ns)
+
     async def Watch(
         self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tasks_pb2.AgentEvent]:

@@ -1,24 +1,29 @@
 """A real multi-process pipeline-parallel training run on CPU (torch.distributed.pipelining + gloo).
 
-Each stage's compute is made deterministic in time (it sleeps F ms in forward and B ms in
-backward around a real Linear + tanh), so the bubbles a schedule implies are known. Used by
-the trainer benchmark and by the tests; run one rank with
-`python -m freeride.bench.pipeline --rank R --world P --port N --config JSON --out FILE`.
+With `model="sleep"` each stage's compute is made deterministic in time (it sleeps F ms in
+forward and B ms in backward around a real Linear + tanh), so the bubbles a schedule implies
+are known: the trainer benchmark and the tests use it. With `model="transformer"` the stages
+are a small byte-level language model learning standard-library source (freeride.bench.lm):
+real compute, for the demo. Run one rank with
+`python -m freeride.bench.pipeline --rank R --world P --config JSON --out FILE`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 SINGLE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -41,8 +46,15 @@ class PipelineConfig:
     instrument: bool = False
     socket_dir: str = ""  # agents' sockets (agent-gpu<LOCAL_RANK>.sock) when instrumenting
     record: bool = True
-    alternate: bool = False  # instrument odd iterations only: plain and instrumented steps in one run
+    alternate: bool = False  # instrument odd blocks only: plain and instrumented steps in one run
+    block: int = 1  # iterations per block when alternating
+    warmup: int = 0  # iterations run instrumented before the alternation starts (the agent learns slots)
     framework: str = "torch"  # or "deepspeed" (its PipelineEngine, 1F1B TrainSchedule)
+    model: str = "sleep"  # or "transformer" (freeride.bench.lm; forward_ms/backward_ms unused)
+    layers_per_stage: int = 2  # transformer only, as are heads and seq_len (dim is its width)
+    heads: int = 4
+    seq_len: int = 64
+    device: str = "cpu"  # "cuda": each rank on GPU LOCAL_RANK (mod the GPU count), NCCL between ranks
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -54,6 +66,12 @@ class PipelineConfig:
     @property
     def num_stages(self) -> int:
         return self.stages if self.schedule in SINGLE else 2 * self.stages
+
+    def instrumented(self, iteration: int) -> bool:
+        """Whether this iteration reports its bubbles (always, unless alternating)."""
+        if not self.alternate or iteration < self.warmup:
+            return True
+        return (iteration - self.warmup) // self.block % 2 == 1
 
 
 def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
@@ -84,16 +102,17 @@ def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
 
 
 def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
-            inst: Any) -> dict[str, Any]:
+            inst: Any, step_start_ns: list[int] | None = None) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in params:
-        digest.update(p.detach().numpy().tobytes())
+        digest.update(p.detach().cpu().numpy().tobytes())
     result: dict[str, Any] = {
         "rank": rank,
         "stage_ids": stage_ids,
         "losses": losses,
         "params_sha256": digest.hexdigest(),
         "step_ms": [s / 1e6 for s in step_ns],
+        "step_start_ns": step_start_ns or [],
         "bubbles": [],
         "reporter_dropped": 0,
     }
@@ -141,8 +160,8 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     losses: list[float] = []
     step_ns: list[int] = []
     for it in range(cfg.iterations):
-        if inst is not None and cfg.alternate:
-            inst.tracker.enabled = it % 2 == 1
+        if inst is not None:
+            inst.tracker.enabled = cfg.instrumented(it)
         t0 = time.monotonic_ns()
         loss = engine.train_batch(iter(batches(it)))
         step_ns.append(time.monotonic_ns() - t0)
@@ -152,16 +171,31 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     return result
 
 
-def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
+def _device(cfg: PipelineConfig, rank: int) -> Any:
+    import torch
+
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA GPU")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | None = None) -> dict[str, Any]:
     if cfg.framework == "deepspeed":
         return run_rank_deepspeed(rank, world, cfg)
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
 
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from freeride.bench import lm
+
+    device = _device(cfg, rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
-    device = torch.device("cpu")
     # Ranks [d*P, (d+1)*P) form pipeline d; ranks with the same stage across pipelines form a DP group.
     replica, pp_rank = divmod(rank, cfg.stages)
     pp_groups = [dist.new_group(list(range(d * cfg.stages, (d + 1) * cfg.stages))) for d in range(cfg.data_parallel)]
@@ -169,14 +203,24 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
     pp_group = pp_groups[replica] if cfg.data_parallel > 1 else None
     dp_group = dp_groups[pp_rank] if cfg.data_parallel > 1 else None
     # Build every stage's module from one seed so weights do not depend on the rank layout.
-    modules = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.num_stages)]
+    text = None
+    if cfg.model == "transformer":
+        modules = lm.build_stages(cfg.num_stages, cfg.layers_per_stage, cfg.dim, cfg.heads, cfg.seq_len)
+        text = torch.frombuffer(bytearray(lm.corpus()), dtype=torch.uint8).long()
+        loss_fn: Any = lm.loss_fn
+        lr = 1e-3
+    else:
+        modules = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.num_stages)]
+        loss_fn = torch.nn.functional.mse_loss
+        lr = 0.05
     stage_ids = cfg.stage_ids(pp_rank)
+    for s in stage_ids:
+        modules[s].to(device)
     stages = [pipelining.PipelineStage(modules[s], s, cfg.num_stages, device, group=pp_group) for s in stage_ids]
     params = [p for s in stage_ids for p in modules[s].parameters()]
-    optimizer = torch.optim.SGD(params, lr=0.05)
+    optimizer: Any = torch.optim.AdamW(params, lr=lr) if text is not None else torch.optim.SGD(params, lr=lr)
     cls = pipelining.schedules.get_schedule_class(cfg.schedule)
-    kwargs: dict[str, Any] = {"loss_fn": torch.nn.functional.mse_loss}
-    schedule = cls(stages[0] if cfg.schedule in SINGLE else stages, cfg.microbatches, **kwargs)
+    schedule = cls(stages[0] if cfg.schedule in SINGLE else stages, cfg.microbatches, loss_fn=loss_fn)
     inst = None
     if cfg.instrument:
         from freeride.trainer.torch_pipelining import instrument
@@ -187,13 +231,18 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
     has_last = cfg.num_stages - 1 in stage_ids
     losses: list[float] = []
     step_ns: list[int] = []
+    step_start_ns: list[int] = []
     batch = cfg.microbatches * cfg.microbatch_size
     for it in range(cfg.iterations):
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + it * cfg.data_parallel + replica)
-        x = torch.randn(batch, cfg.dim, generator=gen)
-        target = torch.randn(batch, cfg.dim, generator=gen)
-        if inst is not None and cfg.alternate:
-            inst.enabled = it % 2 == 1
+        if text is not None:
+            x, target = lm.batch(text, batch, cfg.seq_len, gen)
+        else:
+            x = torch.randn(batch, cfg.dim, generator=gen)
+            target = torch.randn(batch, cfg.dim, generator=gen)
+        x, target = x.to(device), target.to(device)
+        if inst is not None:
+            inst.enabled = cfg.instrumented(it)
         optimizer.zero_grad()
         mb_losses: list[Any] = []
         t0 = time.monotonic_ns()
@@ -204,10 +253,17 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig) -> dict[str, Any]:
                 dist.all_reduce(p.grad, group=dp_group)
                 p.grad /= cfg.data_parallel
         optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         step_ns.append(time.monotonic_ns() - t0)
+        step_start_ns.append(t0)
         if has_last:
-            losses.append(float(torch.stack(mb_losses).sum()))
-    result = _result(rank, stage_ids, losses, params, step_ns, inst)
+            losses.append(float(torch.stack(mb_losses).sum()) / (cfg.microbatches if text is not None else 1))
+        if progress is not None:
+            progress.write(json.dumps({"iteration": it, "step_ms": step_ns[-1] / 1e6,
+                                       "loss": losses[-1] if has_last else None}) + "\n")
+            progress.flush()
+    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -219,41 +275,116 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PipelineRun:
+    """All ranks of one pipeline run as child processes (each in its own session: a terminal's
+    Ctrl-C reaches only the parent, which stops them in order). The last rank writes one JSON line
+    per iteration to `progress` (a readable pipe end) when `watch` is set."""
+
+    def __init__(self, cfg: PipelineConfig, out_dir: Path, watch: bool = False) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.world = cfg.stages * cfg.data_parallel
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[IO[bytes]] = []
+        self.progress: IO[str] | None = None
+        self._watch = watch
+
+    def start(self) -> PipelineRun:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        read_fd = write_fd = -1
+        if self._watch:
+            read_fd, write_fd = os.pipe()
+        try:
+            for rank in range(self.world):
+                env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                           WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+                           DS_ACCELERATOR="cpu" if self.cfg.device == "cpu" else os.environ.get("DS_ACCELERATOR", ""))
+                if self.cfg.socket_dir:
+                    env["FREERIDE_SOCKET_DIR"] = self.cfg.socket_dir
+                fds = (write_fd,) if write_fd >= 0 and rank == self.world - 1 else ()
+                extra = ["--progress-fd", str(write_fd)] if fds else []
+                log = open(self.out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed in wait()
+                self._logs.append(log)
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "freeride.bench.pipeline", "--rank", str(rank), "--world", str(self.world),
+                     "--config", json.dumps(asdict(self.cfg)), "--out", str(self.out_dir / f"rank{rank}.json"),
+                     *extra],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=fds,
+                    start_new_session=True,
+                ))
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            if write_fd >= 0:
+                os.close(write_fd)  # the child holds its copy: EOF on the read end when it exits
+        if read_fd >= 0:
+            self.progress = os.fdopen(read_fd, "r")
+        return self
+
+    def iterations(self) -> Iterator[dict[str, Any]]:
+        """The last rank's per-iteration lines, as they come, until it exits."""
+        if self.progress is None:
+            return
+        for line in self.progress:
+            with contextlib.suppress(json.JSONDecodeError):
+                yield json.loads(line)
+
+    def wait(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """Wait for every rank; each rank's result (rank order), or RuntimeError with the failed ranks' logs."""
+        deadline = time.monotonic() + timeout_s
+        failed = []
+        for rank, proc in enumerate(self.procs):
+            try:
+                code = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop(grace_s=0)
+                code = proc.wait()
+            if code != 0:
+                failed.append(rank)
+        self._close()
+        if failed:
+            tails = "\n".join(
+                f"rank {r}: " + (self.out_dir / f"rank{r}.log").read_text(errors="replace")[-2000:] for r in failed
+            )
+            raise RuntimeError(f"pipeline ranks {failed} failed:\n{tails}")
+        return [json.loads((self.out_dir / f"rank{r}.json").read_text()) for r in range(self.world)]
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every rank still running, SIGKILL those that outlive `grace_s`, reap all."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        for log in self._logs:
+            log.close()
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+    def __enter__(self) -> PipelineRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def launch(cfg: PipelineConfig, out_dir: Path, timeout_s: float = 300.0) -> list[dict[str, Any]]:
     """Run all ranks as separate processes; return each rank's result (rank order)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = []
-    world = cfg.stages * cfg.data_parallel
-    for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-        if cfg.socket_dir:
-            env["FREERIDE_SOCKET_DIR"] = cfg.socket_dir
-        log = open(out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed after the process ends
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "freeride.bench.pipeline", "--rank", str(rank), "--world", str(world),
-             "--config", json.dumps(asdict(cfg)), "--out", str(out_dir / f"rank{rank}.json")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        ), log))
-    deadline = time.monotonic() + timeout_s
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p, _ in procs:
-                p.kill()
-            code = proc.wait()
-        log.close()
-        if code != 0:
-            failed.append(rank)
-    if failed:
-        tails = "\n".join(
-            f"rank {r}: " + (out_dir / f"rank{r}.log").read_text(errors="replace")[-2000:] for r in failed
-        )
-        raise RuntimeError(f"pipeline ranks {failed} failed:\n{tails}")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    with PipelineRun(cfg, out_dir) as run:
+        return run.wait(timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,9 +393,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--config", required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--progress-fd", type=int, default=-1, help="write one JSON line per iteration here")
     ns = p.parse_args(argv)
     cfg = PipelineConfig(**json.loads(ns.config))
-    result = run_rank(ns.rank, ns.world, cfg)
+    # SIGTERM from the parent: leave through KeyboardInterrupt, as on Ctrl-C, without a traceback.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    progress = os.fdopen(ns.progress_fd, "w") if ns.progress_fd >= 0 else None
+    try:
+        result = run_rank(ns.rank, ns.world, cfg, progress)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1  # the parent went away
     ns.out.write_text(json.dumps(result))
     return 0
 

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2
@@ -176,12 +177,12 @@ def cmd_ls(ns: argparse.Namespace) -> int:
         print_json([_dict(t) for t in tasks])
         return 0
     table = Table(title=f"tasks on {ns.target}")
-    for col in ("id", "name", "state", "prio", "steps", "harvested", "restarts", "reason"):
+    for col in ("id", "name", "state", "prio", "steps", "harvested", "progress", "restarts", "reason"):
         table.add_column(col)
     for t in tasks:
         table.add_row(
             t.id, t.spec.name, _STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
-            format_seconds(t.counters.harvested_s), str(t.restarts), t.reason,
+            format_seconds(t.counters.harvested_s), progress_text(t.progress), str(t.restarts), t.reason,
         )
     Console().print(table)
     return 0
@@ -263,7 +264,8 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     console.print(gt)
     console.print(_memory_table(g.memory))
     tt = Table(title="tasks")
-    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95", "memory"):
+    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95", "memory",
+                "progress"):
         tt.add_column(col)
     for t in stats.tasks:
         cnt = t.counters
@@ -272,6 +274,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
             f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
             f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
             f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
+            progress_text(t.progress),
         )
     console.print(tt)
     return 0
@@ -291,6 +294,11 @@ def _memory_table(m: tasks_pb2.GpuMemory) -> Table:
         str(m.waiting_tasks),
     )
     return t
+
+
+def progress_text(progress: Mapping[str, float]) -> str:
+    """A task's latest progress map (what its progress() returned), compact: 'accuracy=0.91 loss=0.32'."""
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(progress.items())) or "-"
 
 
 def _dict(msg: object) -> dict:

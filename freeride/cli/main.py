@@ -39,7 +39,7 @@ def _add_agent_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from freeride.cli import commands
+    from freeride.cli import commands, timeline
 
     parser = _Parser(prog="freeride", description="Run side tasks in the bubbles of pipeline-parallel training.")
     parser.add_argument("--log-level", default=os.environ.get("FREERIDE_LOG_LEVEL", "INFO"))
@@ -105,13 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--wait-s", type=float, default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=commands.cmd_health)
 
+    timeline.add_parser(sub, _add_agent_args)
+
     b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     from freeride.bench import cli as bench_cli
 
     bench_cli.add_parsers(bsub)
 
-    d = sub.add_parser("demo", help="the main demo: agent + synthetic pipeline trainer + a side task")
+    d = sub.add_parser("demo", help="the main demo: a real pipeline training a transformer, side tasks in its bubbles")
     from freeride import demo
 
     demo.add_args(d)

@@ -10,9 +10,14 @@ class StepEstimator:
 
     Recomputed lazily every few samples (a step must not pay for a sort); a sample above the
     cached value raises it at once, so the estimate is never late on the side that overruns.
+    The first `warmup_steps` samples are left out: a process's first step pays for lazy
+    initialisation (allocators, kernels, caches), and an estimate taken from it alone could keep
+    the task out of every bubble, with no later step ever run to correct it.
     """
 
-    def __init__(self, percentile: float = 0.95, window: int = 64, refresh_every: int = 8) -> None:
+    def __init__(self, percentile: float = 0.95, window: int = 64, refresh_every: int = 8,
+                 warmup_steps: int = 0) -> None:
+        self._warmup = warmup_steps
         self._samples: deque[int] = deque(maxlen=window)
         self._percentile = percentile
         self._refresh_every = refresh_every
@@ -20,6 +25,9 @@ class StepEstimator:
         self._cached: int | None = None
 
     def add(self, duration_ns: int) -> None:
+        if self._warmup > 0:
+            self._warmup -= 1
+            return
         self._samples.append(duration_ns)
         self._since_refresh += 1
         if self._cached is None or duration_ns > self._cached or self._since_refresh >= self._refresh_every:

@@ -188,7 +188,7 @@ class Worker:
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         self._ckpt_at = time.monotonic()
         self.task: IterativeTask | ImperativeTask | None = None
-        self.gate = _Gate(self._s, self._out.put, StepEstimator(), self._maybe_checkpoint)
+        self.gate = _Gate(self._s, self._out.put, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
 
     # -- stream plumbing -------------------------------------------------------------------------
     def _requests(self) -> Iterator[pb.WorkerMessage]:

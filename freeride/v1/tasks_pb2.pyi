@@ -259,17 +259,63 @@ class WindowRecord(_message.Message):
     def __init__(self, window_id: _Optional[int] = ..., rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., bubble_start_ns: _Optional[int] = ..., bubble_end_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[WindowShare, _Mapping]]] = ...) -> None: ...
 
 class WindowShare(_message.Message):
-    __slots__ = ("task_id", "first_step_ns", "idle_ns", "steps", "busy_ns", "overrun_ns")
+    __slots__ = ("task_id", "first_step_ns", "idle_ns", "steps", "busy_ns", "overrun_ns", "step_spans")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_NS_FIELD_NUMBER: _ClassVar[int]
     IDLE_NS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BUSY_NS_FIELD_NUMBER: _ClassVar[int]
     OVERRUN_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SPANS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     first_step_ns: int
     idle_ns: int
     steps: int
     busy_ns: int
     overrun_ns: int
-    def __init__(self, task_id: _Optional[str] = ..., first_step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., overrun_ns: _Optional[int] = ...) -> None: ...
+    step_spans: _containers.RepeatedCompositeFieldContainer[StepSpan]
+    def __init__(self, task_id: _Optional[str] = ..., first_step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., overrun_ns: _Optional[int] = ..., step_spans: _Optional[_Iterable[_Union[StepSpan, _Mapping]]] = ...) -> None: ...
+
+class StepSpan(_message.Message):
+    __slots__ = ("start_ns", "duration_ns")
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    start_ns: int
+    duration_ns: int
+    def __init__(self, start_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ...) -> None: ...
+
+class BubbleSpan(_message.Message):
+    __slots__ = ("rank", "slot", "iteration", "start_ns", "end_ns", "predicted_ns")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_NS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    slot: int
+    iteration: int
+    start_ns: int
+    end_ns: int
+    predicted_ns: int
+    def __init__(self, rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ...) -> None: ...
+
+class TimelineRequest(_message.Message):
+    __slots__ = ("since_ns",)
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    since_ns: int
+    def __init__(self, since_ns: _Optional[int] = ...) -> None: ...
+
+class TimelineResponse(_message.Message):
+    __slots__ = ("gpu", "now_ns", "bubbles", "windows", "tasks")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    NOW_NS_FIELD_NUMBER: _ClassVar[int]
+    BUBBLES_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    now_ns: int
+    bubbles: _containers.RepeatedCompositeFieldContainer[BubbleSpan]
+    windows: _containers.RepeatedCompositeFieldContainer[WindowRecord]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    def __init__(self, gpu: _Optional[int] = ..., now_ns: _Optional[int] = ..., bubbles: _Optional[_Iterable[_Union[BubbleSpan, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[WindowRecord, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...

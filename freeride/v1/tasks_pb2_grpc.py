@@ -74,6 +74,11 @@ class TaskServiceStub:
                 request_serializer=freeride_dot_v1_dot_tasks__pb2.WatchRequest.SerializeToString,
                 response_deserializer=freeride_dot_v1_dot_tasks__pb2.AgentEvent.FromString,
                 _registered_method=True)
+        self.Timeline = channel.unary_unary(
+                '/freeride.v1.TaskService/Timeline',
+                request_serializer=freeride_dot_v1_dot_tasks__pb2.TimelineRequest.SerializeToString,
+                response_deserializer=freeride_dot_v1_dot_tasks__pb2.TimelineResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -127,6 +132,12 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Timeline(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +180,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=freeride_dot_v1_dot_tasks__pb2.WatchRequest.FromString,
                     response_serializer=freeride_dot_v1_dot_tasks__pb2.AgentEvent.SerializeToString,
+            ),
+            'Timeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.Timeline,
+                    request_deserializer=freeride_dot_v1_dot_tasks__pb2.TimelineRequest.FromString,
+                    response_serializer=freeride_dot_v1_dot_tasks__pb2.TimelineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +403,33 @@ class TaskService:
             '/freeride.v1.TaskService/Watch',
             freeride_dot_v1_dot_tasks__pb2.WatchRequest.SerializeToString,
             freeride_dot_v1_dot_tasks__pb2.AgentEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Timeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/freeride.v1.TaskService/Timeline',
+            freeride_dot_v1_dot_tasks__pb2.TimelineRequest.SerializeToString,
+            freeride_dot_v1_dot_tasks__pb2.TimelineResponse.FromString,
             options,
             channel_credentials,
             insecure,

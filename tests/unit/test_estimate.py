@@ -95,3 +95,12 @@ def test_load_keeps_only_the_window() -> None:
     est = StepEstimator(window=3)
     est.load([1, 2, 3, 4, 5])
     assert est.samples() == [3, 4, 5]
+
+
+def test_warmup_steps_are_left_out_so_a_cold_first_step_cannot_lock_a_task_out() -> None:
+    est = StepEstimator(warmup_steps=1, refresh_every=1)
+    est.add(500_000_000)  # the first step of a process: lazy initialisation
+    assert est.estimate_ns() is None  # still fits anything: the next step gets measured
+    est.add(2_000_000)
+    assert est.estimate_ns() == 2_000_000
+    assert est.samples() == [2_000_000]

@@ -583,3 +583,56 @@ def test_the_trainers_free_memory_hint_is_kept_for_admission(h: Harness) -> None
     assert h.sched.trainer_free_memory_bytes == 12 << 30
     h.start(2 * PERIOD)  # an edge without the hint keeps the last one
     assert h.sched.trainer_free_memory_bytes == 12 << 30
+
+
+# -- history for timelines -------------------------------------------------------------------------
+
+
+def test_timeline_keeps_each_bubble_and_each_window_with_its_steps(h: Harness) -> None:
+    port = h.add("a")
+    t = h.learn()
+    h.start(t, iteration=2)
+    wid = granted_window(port)
+    h.steps("a", wid, (t + 1 * MS, 2 * MS), (t + 3 * MS, 2 * MS))
+    h.end(t + LENGTH, iteration=2)
+    h.done("a", wid)
+    bubbles, windows = h.sched.timeline()
+    assert [(b.iteration, b.start_ns, b.end_ns) for b in bubbles] == [
+        (0, 0, LENGTH), (1, PERIOD, PERIOD + LENGTH), (2, t, t + LENGTH)
+    ]
+    assert [b.predicted_ns for b in bubbles] == [0, 0, LENGTH]  # nothing predicted while the slot was learned
+    (w,) = windows
+    assert (w.window_id, w.bubble_start_ns, w.bubble_end_ns) == (wid, t, t + LENGTH)
+    (share,) = w.shares
+    assert [(s.start_ns, s.duration_ns) for s in share.step_spans] == [(t + 1 * MS, 2 * MS), (t + 3 * MS, 2 * MS)]
+    assert share.steps == 2 and share.busy_ns == 4 * MS
+
+
+def test_timeline_since_keeps_only_what_ended_later(h: Harness) -> None:
+    h.learn(iterations=3)
+    bubbles, _ = h.sched.timeline(since_ns=PERIOD + LENGTH)
+    assert [b.iteration for b in bubbles] == [2]
+
+
+def test_timeline_history_is_bounded(h: Harness) -> None:
+    from freeride.agent.scheduler import HISTORY_BUBBLES
+
+    h.learn(iterations=HISTORY_BUBBLES + 10)
+    bubbles, _ = h.sched.timeline()
+    assert len(bubbles) == HISTORY_BUBBLES
+    assert bubbles[0].iteration == 10 and bubbles[-1].iteration == HISTORY_BUBBLES + 9
+
+
+def test_timeline_gives_steps_to_the_newest_windows_within_its_budget(h: Harness) -> None:
+    port = h.add("a")
+    t = h.learn()
+    for i in range(3):
+        start = t + i * PERIOD
+        h.start(start, iteration=2 + i)
+        wid = int(port.grants()[-1][1])  # type: ignore[call-overload]
+        h.steps("a", wid, *[(start + k * MS // 2, MS // 4) for k in range(4)])
+        h.end(start + LENGTH, iteration=2 + i)
+        h.done("a", wid)
+    _, windows = h.sched.timeline(max_steps=9)
+    assert [len(w.shares[0].step_spans) for w in windows] == [0, 4, 4]  # oldest first; it did not fit
+    assert [w.shares[0].steps for w in windows] == [4, 4, 4]  # the counts stay

@@ -1,0 +1,163 @@
+"""`freeride demo --quick`, run as a user runs it: a subprocess with real agents, workers and training ranks.
+
+Every process the demo starts (agents, side-task workers, training ranks) inherits a marker in its
+environment, so the tests can find any that outlive the demo, however deep they were started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+REPORT_KEYS = {"config", "training_s", "step_ms", "slowdown", "loss", "bubble_s", "harvested_s", "efficiency",
+               "stages", "tasks", "timeline_png", "report_json", "wall_s"}
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    """Live processes whose environment carries `mark`."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FREERIDE_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+class Demo:
+    """The demo as a child process; its stderr lines arrive on a queue as they are printed."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.mark = uuid.uuid4().hex
+        self.out = tmp_path / "out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
+        env.update(FREERIDE_TEST_MARK=self.mark, COLUMNS="200", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            # One side task per stage (not every task on every stage): the same code paths, half the start-up.
+            # Workers at normal CPU priority: on a loaded CI runner, low-priority ones may get no CPU at all.
+            [sys.executable, "-m", "freeride", "demo", "--quick", "--placement", "spread", "--worker-nice", "0",
+             "--json", "--out", str(self.out), *args],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for_line(self, text: str, timeout_s: float) -> str:
+        while True:
+            line = self.lines.get(timeout=timeout_s)  # raises queue.Empty: a hang, not a slow machine
+            assert line is not None, f"the demo ended before printing {text!r}:\n{''.join(self.stderr)}"
+            if text in line:
+                return line
+
+    def finish(self, timeout_s: float) -> tuple[int, str]:
+        stdout, _ = self.proc.communicate(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return self.proc.returncode, stdout
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for p in _marked(self.mark):
+            p.kill()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[type[Demo]]:
+    started: list[Demo] = []
+
+    def start(*args: str) -> Demo:
+        d = Demo(tmp_path, *args)
+        started.append(d)
+        return d
+
+    yield start  # type: ignore[misc]
+    for d in started:
+        d.kill()
+
+
+@pytest.mark.timeout(240)
+def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behind(demo):
+    d = demo()
+    code, stdout = d.finish(timeout_s=200)
+    assert code == 0, "".join(d.stderr)[-4000:]
+    report = json.loads(stdout)
+    assert report.keys() >= REPORT_KEYS
+    assert _marked(d.mark) == [], "processes outlived the demo"
+
+    # Training really trained, and was timed both ways in the same run.
+    assert report["loss"]["last"] < report["loss"]["first"]
+    steps = report["step_ms"]
+    assert steps["baseline"] and steps["harvest"]
+    assert steps["baseline_median"] > 0 and steps["harvest_median"] > 0
+    assert report["slowdown"] == pytest.approx(steps["harvest_median"] / steps["baseline_median"] - 1, abs=1e-3)
+
+    # Each stage had bubbles, and side tasks used part of them; each task moved on.
+    assert len(report["stages"]) == 4
+    for stage in report["stages"]:
+        assert stage["bubble_s"] > 0 and stage["harvested_s"] > 0, stage
+        assert 0 < stage["efficiency"] <= 1
+        for name, task in stage["tasks"].items():
+            assert task["steps"] > 0, (stage["stage"], name)
+            assert task["progress"], (stage["stage"], name)
+            assert any(v["end"] != v["start"] for v in task["progress"].values()), (stage["stage"], name, task)
+    assert report["harvested_s"] == pytest.approx(sum(s["harvested_s"] for s in report["stages"]), abs=0.01)
+
+    # The files a user is pointed to.
+    png = Path(report["timeline_png"])
+    assert png.parent == d.out and png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 20_000
+    assert json.loads(Path(report["report_json"]).read_text()) == report
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
+    d = demo()
+    d.wait_for_line("iteration 1:", timeout_s=90)  # training is running: ranks, agents and workers are all up
+    running = _marked(d.mark)
+    assert len(running) >= 1 + 4 + 4 + 4, [p.cmdline()[:5] for p in running]  # demo, 4 agents, 4+ workers, 4 ranks
+    d.proc.send_signal(signal.SIGINT)
+    code, stdout = d.finish(timeout_s=30)
+    stderr = "".join(d.stderr)
+    assert code == 130, stderr[-4000:]
+    assert stdout == ""
+    assert "Traceback" not in stderr, stderr[-4000:]
+    assert "interrupted: every process the demo started has been stopped" in stderr.splitlines()[-1], stderr[-2000:]
+    assert _marked(d.mark) == [], "processes outlived the interrupted demo"
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--blocks", "3"], ["--blocks must be even"]),
+    (["--stages", "1"], ["--stages must be between 2 and 8"]),
+    (["--out", "."], ["exists and is not empty"]),
+])
+def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, words):
+    (tmp_path / "something").write_text("")
+    res = subprocess.run([sys.executable, "-m", "freeride", "demo", *argv], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.splitlines()
+    assert all(w in line for w in words), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["something"]  # no output directory either
