@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -25,7 +25,7 @@ class AgentProcess:
     """`freeride agent` in a child process with its own state dir and socket."""
 
     def __init__(self, state_dir: Path | None = None, gpu: int = 0, extra_args: Iterable[str] = (),
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="freeride-")
         self.state_dir = state_dir if state_dir is not None else Path(self._tmp.name) / "state"  # type: ignore[union-attr]
         self.socket = self.state_dir.parent / f"agent-gpu{gpu}.sock"
@@ -33,6 +33,7 @@ class AgentProcess:
         self.target = f"unix:{self.socket}"
         self._extra = list(extra_args)
         self.log_path = log_path or self.state_dir.parent / f"agent-gpu{gpu}.log"
+        self._env = dict(env) if env is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 20.0) -> AgentProcess:
@@ -41,7 +42,7 @@ class AgentProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "freeride", "agent", "--gpu", str(self.gpu), "--state-dir", str(self.state_dir),
                  "--socket", str(self.socket), *self._extra],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env,
             )
         with AgentClient(self.target) as c:
             try:

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 _MIN_ERROR_BUBBLE_NS = 1_000_000  # relative errors of sub-millisecond bubbles say nothing useful
 _MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory without bound
+# A task passed over this many times because its step estimate did not fit is offered a window
+# anyway: its worker re-checks (and drops a stale outlier from) its estimate instead of starving.
+_PROBE_AFTER = 16
 
 
 class TimerHandle(Protocol):
@@ -50,6 +53,7 @@ class TaskSlot:
     step_estimate_ns: int | None = None
     window_id: int = 0  # the window this task holds, 0 when idle
     hang_timer: TimerHandle | None = None
+    unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
 
 
 @dataclass
@@ -197,15 +201,32 @@ class Scheduler:
         remaining = w.until_ns - self._clock()
         if remaining < self._cfg.min_window_ns:
             return
-        pick = choose(self._candidates(), remaining, w.tried)
+        candidates = self._candidates()
+        pick = self._starved(candidates, remaining, w.tried) or choose(candidates, remaining, w.tried)
         if pick is None:
             return
         task = self.tasks[pick.task_id]
+        task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
         w.shares.append(_Share(task.task_id))
         task.window_id = w.id
         task.port.grant(w.id, w.until_ns)
+
+    def _starved(self, candidates: list[Candidate], remaining_ns: int, tried: set[str]) -> Candidate | None:
+        """An idle task that sat out `_PROBE_AFTER` dispatches because its estimate did not fit.
+
+        Its estimate may be one step slowed by a loaded machine, and only a window can refresh it:
+        the worker runs a step only if it fits by its own estimate, so a probe costs no overrun.
+        """
+        probe = None
+        for c in candidates:
+            if c.idle and c.task_id not in tried and c.step_estimate_ns is not None and c.step_estimate_ns > remaining_ns:
+                slot = self.tasks[c.task_id]
+                slot.unfit += 1
+                if probe is None and slot.unfit >= _PROBE_AFTER:
+                    probe = c
+        return probe
 
     def _close(self, w: Window, end_ns: int) -> None:
         if end_ns:

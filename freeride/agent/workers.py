@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -101,14 +102,19 @@ def describe_exit(code: int) -> str:
     return f"worker exited with code {code}"
 
 
+# gRPC's C core logs like glog ("I1121 12:06:54.952123   30788 fork_posix.cc:71] ..."): noise, never the cause.
+_GRPC_CORE_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
+
+
 def last_log_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a worker log: usually the exception that killed it."""
+    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - limit))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
+                     if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
     except OSError:
         return ""
     return lines[-1] if lines else ""

@@ -1,0 +1,132 @@
+"""Side tasks that raise, exit, abort, segfault, hang, blow their memory cap or leave children behind.
+
+All of them at once on one agent, while a real two-stage pipeline trains through that agent and
+its neighbour: each faulty task ends the way its fault says (with the cause as the reason), the
+healthy task next to it loses nothing, training computes exactly what it computes alone, and not
+one process a task started outlives it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import BackgroundTrainer
+from fault_support import Ledger, assert_all_reaped, assert_no_tracebacks, tagged_agent, wait_gone
+
+from freeride.bench.pipeline import PipelineConfig, launch
+from freeride.harness import AgentProcess, wait_for_task
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+TASKS = Path(__file__).parents[1] / "tasks"
+MiB = 2**20
+PIPELINE = PipelineConfig(schedule="1F1B", stages=2, microbatches=4, forward_ms=5.0, backward_ms=10.0, iterations=40)
+
+
+def ref(module: str, name: str) -> str:
+    return f"{TASKS / module}.py:{name}"
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The same training without freeride: what every faulty run must reproduce bit for bit."""
+    return launch(PIPELINE, tmp_path_factory.mktemp("plain"))
+
+
+def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
+    """name -> (spec, the state the task must end in, a piece of its reason)."""
+
+    def one(module: str, name: str, restarts: int = 0, mem: int = 0, **args: object) -> tasks_pb2.TaskSpec:
+        return S.TaskSpec(ref=ref(module, name), args={k: str(v) for k, v in args.items()}, max_restarts=restarts,
+                          mem_limit_bytes=mem)
+
+    return {
+        "raises": (one("behaviours", "AlwaysFails"), S.TASK_STATE_FAILED, "step() raised RuntimeError: boom"),
+        "sys.exit": (one("behaviours", "Exits"), S.TASK_STATE_FAILED, "step() called sys.exit(3)"),
+        "abort": (one("behaviours", "Aborts"), S.TASK_STATE_FAILED, "SIGABRT"),
+        "segfault": (one("faulty", "Segfaults"), S.TASK_STATE_FAILED, "SIGSEGV"),
+        "hang": (one("behaviours", "Hangs", restarts=1, marker=tmp / "hung", at=3), S.TASK_STATE_READY, "hung"),
+        "memory": (one("behaviours", "Hog", mem=200 * MiB, step_mb=4), S.TASK_STATE_FAILED, "memory_cap_exceeded"),
+        "forks+raise": (one("faulty", "ForksAndDies", pidfile=tmp / "raise.pids"), S.TASK_STATE_FAILED,
+                        "died leaving children behind"),
+        "forks+exit": (one("faulty", "ForksAndDies", pidfile=tmp / "exit.pids", how="exit"), S.TASK_STATE_FAILED,
+                       "worker exited with code 9"),
+        "one slow step": (one("faulty", "SlowOnce"), S.TASK_STATE_DONE, ""),
+        "forks+hang": (one("faulty", "ForksAndDies", pidfile=tmp / "hang.pids", how="hang"), S.TASK_STATE_FAILED,
+                       "hung"),
+    }
+
+
+@pytest.fixture
+def two_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    procs = [tagged_agent(tmp_path / "sockets" / f"state{r}", gpu=r) for r in range(2)]
+    for p in procs:
+        p.socket = tmp_path / "sockets" / f"agent-gpu{p.gpu}.sock"  # the trainer finds agents by LOCAL_RANK
+        p.target = f"unix:{p.socket}"
+    try:
+        yield [p.start() for p in procs]
+    finally:
+        for p in procs:
+            assert p.stop() == 0, p.log_tail()
+        for p in procs:
+            assert_all_reaped(p.tag)  # type: ignore[attr-defined]
+            assert_no_tracebacks(p)
+
+
+def test_every_kind_of_side_task_failure_is_contained(two_agents, plain_run, tmp_path: Path) -> None:
+    agent = two_agents[0]
+    cases = faults(tmp_path)
+    ledger = Ledger()
+    with agent.client() as c, two_agents[1].client() as neighbour:
+        healthy = c.submit(S.TaskSpec(ref=ref("behaviours", "Counter"), args={"step_ms": "1"}))
+        neighbour.submit(S.TaskSpec(ref=ref("behaviours", "Counter"), args={"step_ms": "1"}))
+        ids = {name: c.submit(spec).id for name, (spec, _, _) in cases.items()}
+        for task_id in [healthy.id, *ids.values()]:
+            wait_for_task(c, task_id, [S.TASK_STATE_READY])
+        first_pid = {name: c.get(task_id).pid for name, task_id in ids.items()}
+        ledger.sample(c)
+
+        run: dict[str, Any] = {}
+        trainer = threading.Thread(target=lambda: run.update(results=launch(
+            PipelineConfig(**{**PIPELINE.__dict__, "instrument": True, "socket_dir": str(agent.socket.parent)}),
+            tmp_path / "run",
+        )))
+        trainer.start()
+        # A synthetic rank on the same agent as well, so that every faulty task gets windows quickly.
+        with BackgroundTrainer(agent, [20.0, 20.0], rank=7):
+            ended = {}
+            for name, (_, state, needle) in cases.items():
+                if state == S.TASK_STATE_READY:  # restarted: wait for the kill, then for the new worker
+                    wait_for_task(c, ids[name], [S.TASK_STATE_STARTING], timeout_s=30)
+                ended[name] = wait_for_task(c, ids[name], [state], timeout_s=30)
+                ledger.sample(c)
+        trainer.join(120)
+        assert not trainer.is_alive(), "training did not finish"
+        final = ledger.sample(c)
+
+    for name, (_, state, needle) in cases.items():
+        info = ended[name]
+        assert info.state == state and needle in info.reason, (name, info.reason)
+        assert "fork_posix" not in info.reason  # gRPC's own log lines are not the cause
+        assert not psutil.pid_exists(first_pid[name]) or name == "hang"  # (restarted: its new worker lives)
+    hung = {t.id: t for t in final.tasks}[ids["hang"]]
+    assert hung.counters.killed_steps == 1 and hung.restarts == 1 and hung.checkpoint_steps > 0
+    assert ended["memory"].restarts == 0  # a memory cap is not retried
+    # Whatever a task forked died with its worker's process group, however it was detached.
+    for pidfile in ("raise.pids", "exit.pids", "hang.pids"):
+        pids = [int(p) for p in (tmp_path / pidfile).read_text().split()]
+        assert len(pids) == 3 and wait_gone(pids, 10) == [], pidfile
+    # No task was lost, and the healthy one kept its worker and harvested throughout.
+    assert {t.id for t in final.tasks} == {healthy.id, *ids.values()}
+    calm = {t.id: t for t in final.tasks}[healthy.id]
+    assert calm.restarts == 0 and calm.pid == healthy.pid and calm.counters.harvested_s > 0
+    assert ledger.gpu_s[-1] > ledger.gpu_s[0]
+    # Training computed exactly what it computes without freeride.
+    for alone, faulted in zip(plain_run, run["results"], strict=True):
+        assert alone["params_sha256"] == faulted["params_sha256"]
+        assert alone["losses"] == faulted["losses"]

@@ -1,0 +1,80 @@
+"""Side tasks that fail in the ways real user code does, for the fault-injection suite.
+
+Loaded by file reference; the plain failures (raises, sys.exit, abort, hangs, memory hog) live in
+behaviours.py and are reused from there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from freeride import IterativeTask
+
+_SLEEPER = "import time; time.sleep(3600)"
+
+
+class Segfaults(IterativeTask):
+    """Dereferences a null pointer in its first step: the worker dies of SIGSEGV."""
+
+    def step(self) -> None:
+        ctypes.string_at(0)
+
+
+class ForksAndDies(IterativeTask):
+    """Leaves children behind, then dies in its first step.
+
+    Two children it would normally wait for, plus one grandchild whose parent exits at once (so it
+    is re-parented away from the worker, like a daemonised helper). Every pid goes into `pidfile`
+    before the worker dies, so a test can check that each one was reaped with the worker's group.
+    """
+
+    def __init__(self, pidfile: str, how: str = "raise") -> None:
+        self.pidfile = Path(pidfile)
+        self.how = how
+
+    def step(self) -> None:
+        children = [subprocess.Popen([sys.executable, "-c", _SLEEPER]) for _ in range(2)]
+        pids = [c.pid for c in children]
+        r, w = os.pipe()
+        middle = os.fork()
+        if middle == 0:  # the middle process: start the grandchild, report its pid, vanish
+            os.close(r)
+            grandchild = subprocess.Popen([sys.executable, "-c", _SLEEPER])
+            os.write(w, str(grandchild.pid).encode())
+            os._exit(0)
+        os.close(w)
+        pids.append(int(os.read(r, 64)))
+        os.close(r)
+        os.waitpid(middle, 0)
+        self.pidfile.write_text(" ".join(map(str, pids)))
+        if self.how == "exit":
+            os._exit(9)
+        if self.how == "hang":
+            time.sleep(3600)
+        raise RuntimeError("died leaving children behind")
+
+
+class SlowOnce(IterativeTask):
+    """One step, `at`, takes `slow_ms` (longer than any bubble, as under a burst of load); the rest take 1 ms.
+
+    Done after `steps` steps: it finishes only if that one slow step does not keep it out of
+    every later bubble.
+    """
+
+    def __init__(self, at: int = 3, slow_ms: float = 300.0, steps: int = 60) -> None:
+        self.at = at
+        self.slow_s = slow_ms / 1e3
+        self.steps = steps
+        self.count = 0
+
+    def step(self) -> None:
+        self.count += 1
+        time.sleep(self.slow_s if self.count == self.at else 1e-3)
+
+    def is_done(self) -> bool:
+        return self.count >= self.steps
