@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -140,6 +140,11 @@ class WindowCollector:
         """Block until at least `count` windows were accounted; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
+
+    def wait_until(self, predicate: Callable[[list[tasks_pb2.WindowRecord]], bool], timeout_s: float) -> bool:
+        """Block until `predicate(windows)` holds; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.windows), timeout_s)
 
     def close(self) -> None:
         self._events.cancel()

@@ -368,6 +368,9 @@ class Agent:
         elif which == "ready":
             rec.kind = msg.ready.kind
             rec.progress.update(msg.ready.progress)
+            # The checkpoint it resumed from: after a kill -9 of the agent, the worker's last checkpoint
+            # (taken when it lost the agent) never reached the ledger as a Checkpointed message.
+            rec.checkpoint_steps = msg.ready.resumed_steps
             if rec.state is TaskState.STARTING:
                 # Keep why this worker was (re)started visible: a crash, an agent restart.
                 self._set_state(rec, TaskState.READY, rec.reason)

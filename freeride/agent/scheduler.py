@@ -221,7 +221,8 @@ class Scheduler:
         """
         probe = None
         for c in candidates:
-            if c.idle and c.task_id not in tried and c.step_estimate_ns is not None and c.step_estimate_ns > remaining_ns:
+            unfit = c.step_estimate_ns is not None and c.step_estimate_ns > remaining_ns
+            if c.idle and unfit and c.task_id not in tried:
                 slot = self.tasks[c.task_id]
                 slot.unfit += 1
                 if probe is None and slot.unfit >= _PROBE_AFTER:

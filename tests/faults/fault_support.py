@@ -7,21 +7,34 @@ reaped" is checked without knowing any pid in advance: no live process may carry
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import select
+import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
+from freeride.bench.pipeline import PipelineConfig, launch
 from freeride.client import AgentClient
 from freeride.harness import AgentProcess
 from freeride.v1 import tasks_pb2
 
 TAG = "FREERIDE_FAULT_TAG"
+TASKS = Path(__file__).parents[1] / "tasks"
+PIPELINE = PipelineConfig(schedule="1F1B", stages=2, microbatches=4, forward_ms=5.0, backward_ms=10.0, iterations=24)
 FAST = ["--restart-backoff-s", "0.05", "--hang-timeout-s", "1", "--checkpoint-interval-s", "0.05"]
+
+
+def ref(module: str, name: str) -> str:
+    """A task class in tests/tasks/<module>.py, by file reference."""
+    return f"{TASKS / module}.py:{name}"
 
 
 def tagged_agent(state_dir: Path, gpu: int = 0, extra_args: Iterable[str] = FAST) -> AgentProcess:
@@ -103,3 +116,84 @@ class Ledger:
         assert self.gpu_s == sorted(self.gpu_s), f"GPU harvest went backwards: {self.gpu_s}"
         for task_id, seen in self.tasks_s.items():
             assert seen == sorted(seen), f"task {task_id} harvest went backwards: {seen}"
+
+
+class BeaconReader:
+    """The reading end of a Beacon task's FIFO (tests/tasks/faulty.py): step end times, as events."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self._r = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._keep = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # so the reader never sees end-of-file
+        self._buf = b""
+
+    def _read(self) -> list[int]:
+        with contextlib.suppress(BlockingIOError):
+            self._buf += os.read(self._r, 1 << 16)
+        n = len(self._buf) // 8
+        stamps = list(struct.unpack(f"<{n}q", self._buf[: 8 * n]))
+        self._buf = self._buf[8 * n:]
+        return stamps
+
+    def next_step(self, timeout_s: float) -> int:
+        """Discard what was written so far, then block until the next step ends; its end time (ns)."""
+        self._read()
+        ready, _, _ = select.select([self._r], [], [], timeout_s)
+        stamps = self._read() if ready else []
+        assert stamps, f"no side-task step within {timeout_s}s"
+        return stamps[-1]
+
+    def until_quiet(self, quiet_s: float, limit_s: float = 30.0) -> list[int]:
+        """Every step end until no step ended for `quiet_s` (the steps stopped)."""
+        stamps: list[int] = []
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._r], [], [], quiet_s)
+            if not ready:
+                return stamps
+            stamps += self._read()
+        raise AssertionError(f"steps did not stop within {limit_s}s")
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._keep)
+
+
+@functools.cache
+def plain_run(out_dir: Path, config: PipelineConfig = PIPELINE) -> list[dict[str, Any]]:
+    """A training run without freeride (once per session): what every faulty run must reproduce bit for bit."""
+    return launch(config, out_dir)
+
+
+def node_agents(root: Path, ranks: int = 2) -> list[AgentProcess]:
+    """Tagged agents (not started), one per rank, sockets side by side in `root` where ranks look them up."""
+    procs = [tagged_agent(root / f"state{r}", gpu=r) for r in range(ranks)]
+    for p in procs:
+        p.socket = root / f"agent-gpu{p.gpu}.sock"
+        p.target = f"unix:{p.socket}"
+    return procs
+
+
+class Training:
+    """The pipeline, instrumented, training in the background against the agents in `socket_dir`."""
+
+    def __init__(self, socket_dir: Path, out_dir: Path, config: PipelineConfig = PIPELINE) -> None:
+        cfg = PipelineConfig(**{**config.__dict__, "instrument": True, "socket_dir": str(socket_dir)})
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(target=lambda: self._out.update(results=launch(cfg, out_dir)), daemon=True)
+        self._thread.start()
+
+    def results(self, timeout_s: float = 180.0) -> list[dict[str, Any]]:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "training did not finish"
+        assert "results" in self._out, "training failed (see the rank logs)"
+        return list(self._out["results"])
+
+
+def assert_same_training(alone: list[dict[str, Any]], beside_faults: list[dict[str, Any]]) -> None:
+    """Every rank computed bit for bit what it computes without freeride."""
+    for a, b in zip(alone, beside_faults, strict=True):
+        assert a["params_sha256"] == b["params_sha256"]
+        assert a["losses"] == b["losses"]
+    assert alone[-1]["losses"]

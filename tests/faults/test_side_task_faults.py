@@ -8,7 +8,6 @@ one process a task started outlives it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,26 +15,28 @@ from typing import Any
 import psutil
 import pytest
 from conftest import BackgroundTrainer
-from fault_support import Ledger, assert_all_reaped, assert_no_tracebacks, tagged_agent, wait_gone
+from fault_support import (
+    Ledger,
+    Training,
+    assert_all_reaped,
+    assert_no_tracebacks,
+    assert_same_training,
+    node_agents,
+    plain_run,
+    ref,
+    wait_gone,
+)
 
-from freeride.bench.pipeline import PipelineConfig, launch
 from freeride.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
-TASKS = Path(__file__).parents[1] / "tasks"
 MiB = 2**20
-PIPELINE = PipelineConfig(schedule="1F1B", stages=2, microbatches=4, forward_ms=5.0, backward_ms=10.0, iterations=40)
-
-
-def ref(module: str, name: str) -> str:
-    return f"{TASKS / module}.py:{name}"
 
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The same training without freeride: what every faulty run must reproduce bit for bit."""
-    return launch(PIPELINE, tmp_path_factory.mktemp("plain"))
+def plain(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return plain_run(tmp_path_factory.getbasetemp() / "plain")
 
 
 def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
@@ -64,10 +65,7 @@ def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
 
 @pytest.fixture
 def two_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    procs = [tagged_agent(tmp_path / "sockets" / f"state{r}", gpu=r) for r in range(2)]
-    for p in procs:
-        p.socket = tmp_path / "sockets" / f"agent-gpu{p.gpu}.sock"  # the trainer finds agents by LOCAL_RANK
-        p.target = f"unix:{p.socket}"
+    procs = node_agents(tmp_path / "sockets")
     try:
         yield [p.start() for p in procs]
     finally:
@@ -78,7 +76,7 @@ def two_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
             assert_no_tracebacks(p)
 
 
-def test_every_kind_of_side_task_failure_is_contained(two_agents, plain_run, tmp_path: Path) -> None:
+def test_every_kind_of_side_task_failure_is_contained(two_agents, plain, tmp_path: Path) -> None:
     agent = two_agents[0]
     cases = faults(tmp_path)
     ledger = Ledger()
@@ -91,22 +89,16 @@ def test_every_kind_of_side_task_failure_is_contained(two_agents, plain_run, tmp
         first_pid = {name: c.get(task_id).pid for name, task_id in ids.items()}
         ledger.sample(c)
 
-        run: dict[str, Any] = {}
-        trainer = threading.Thread(target=lambda: run.update(results=launch(
-            PipelineConfig(**{**PIPELINE.__dict__, "instrument": True, "socket_dir": str(agent.socket.parent)}),
-            tmp_path / "run",
-        )))
-        trainer.start()
+        training = Training(agent.socket.parent, tmp_path / "run")
         # A synthetic rank on the same agent as well, so that every faulty task gets windows quickly.
         with BackgroundTrainer(agent, [20.0, 20.0], rank=7):
             ended = {}
-            for name, (_, state, needle) in cases.items():
+            for name, (_, state, _) in cases.items():
                 if state == S.TASK_STATE_READY:  # restarted: wait for the kill, then for the new worker
                     wait_for_task(c, ids[name], [S.TASK_STATE_STARTING], timeout_s=30)
                 ended[name] = wait_for_task(c, ids[name], [state], timeout_s=30)
                 ledger.sample(c)
-        trainer.join(120)
-        assert not trainer.is_alive(), "training did not finish"
+        results = training.results()
         final = ledger.sample(c)
 
     for name, (_, state, needle) in cases.items():
@@ -126,7 +118,4 @@ def test_every_kind_of_side_task_failure_is_contained(two_agents, plain_run, tmp
     calm = {t.id: t for t in final.tasks}[healthy.id]
     assert calm.restarts == 0 and calm.pid == healthy.pid and calm.counters.harvested_s > 0
     assert ledger.gpu_s[-1] > ledger.gpu_s[0]
-    # Training computed exactly what it computes without freeride.
-    for alone, faulted in zip(plain_run, run["results"], strict=True):
-        assert alone["params_sha256"] == faulted["params_sha256"]
-        assert alone["losses"] == faulted["losses"]
+    assert_same_training(plain, results)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from freeride import IterativeTask
 
@@ -78,3 +81,38 @@ class SlowOnce(IterativeTask):
 
     def is_done(self) -> bool:
         return self.count >= self.steps
+
+
+class Beacon(IterativeTask):
+    """Counts 1 ms steps and writes each step's end (monotonic ns, 8 bytes) into a FIFO, never blocking.
+
+    A test blocks on the FIFO to act while a step is running in a window, and reads when the
+    steps stopped. Writes are dropped while nobody reads or the FIFO is full.
+    """
+
+    def __init__(self, fifo: str, step_ms: float = 1.0) -> None:
+        self.fifo = fifo
+        self.step_s = step_ms / 1e3
+        self.count = 0
+        self._fd: int | None = None
+
+    def step(self) -> None:
+        time.sleep(self.step_s)
+        self.count += 1
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(self._fd, struct.pack("<q", time.monotonic_ns()))
+        except OSError:  # no reader yet (ENXIO), full (EAGAIN), reader gone (EPIPE)
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def progress(self) -> Mapping[str, float]:
+        return {"count": float(self.count)}
+
+    def state_dict(self) -> Mapping[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.count = int(state["count"])
