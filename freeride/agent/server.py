@@ -106,11 +106,11 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         ready.set()
     await stop.wait()
     await health.enter_graceful_shutdown()
-    await agent.shutdown()
+    code = await agent.shutdown()
     await server.stop(grace=1.0)
     registry.close()
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
     lock.close()
     log.info("agent stopped")
-    return 0
+    return code
