@@ -160,6 +160,9 @@ class Scheduler:
             return
         until = ev.time_ns + predicted - self.margin.margin_ns()
         if until - self._clock() < self._cfg.min_window_ns:
+            # A bubble skipped for the margin counts as a clean one: with no window there is no clean
+            # window to decay it, so after a burst of overruns short bubbles would never be used again.
+            self.margin.on_window(0)
             return
         w = Window(self._next_window, ev.rank, ev.slot, ev.iteration, ev.time_ns, until, predicted)
         self._next_window += 1

@@ -20,6 +20,7 @@ from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.registry import Registry
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
+from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -67,6 +68,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     _claim_socket(sock)
     registry = Registry(config.state_dir / "freeride.db")
     server = grpc.aio.server(
+        interceptors=[RejectMalformed()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

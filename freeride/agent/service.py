@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -13,6 +13,7 @@ import grpc
 from freeride import __version__
 from freeride.agent.convert import spec_from_pb, state_from_pb
 from freeride.agent.core import Agent
+from freeride.agent.wire import Malformed, reject
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -21,6 +22,7 @@ log = logging.getLogger("freeride.agent")
 R = TypeVar("R")
 _MAX_CLOCK_SKEW_NS = 3600 * 10**9  # an edge an hour away from now is not from this host's clock
 _EDGES = (trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END)
+_KINDS = frozenset(trainer_pb2.BubbleKind.values())
 _STATUS = {
     TaskRefError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -86,13 +88,18 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.StatsResponse:
         return self._agent.stats()
 
-    async def Watch(
-        self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[tasks_pb2.AgentEvent]:
+    async def Watch(self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext) -> None:
+        # context.write rather than yield: a client that cancels while a write waits on its flow control fails
+        # that write (ExecuteBatchError, before the call shows as cancelled); yielded, gRPC logs a traceback.
         q = self._agent.subscribe()
         try:
             while True:
-                yield await q.get()
+                event = await q.get()
+                try:
+                    await context.write(event)
+                except Exception as exc:  # a failed write means the stream is gone: nothing else to tell
+                    log.debug("watch stream from %s ended: %r", context.peer(), exc)
+                    return
         finally:
             self._agent.unsubscribe(q)
 
@@ -112,9 +119,12 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                 batch = await context.read()
                 if batch is grpc.aio.EOF:
                     break
+                if isinstance(batch, Malformed):
+                    await reject(context, batch)
                 now = agent.clock()
                 for ev in batch.events:
-                    if ev.edge not in _EDGES or abs(ev.time_ns - now) > _MAX_CLOCK_SKEW_NS:
+                    bad_kind = ev.kind not in _KINDS  # protobuf keeps unknown enum values as plain ints
+                    if ev.edge not in _EDGES or bad_kind or abs(ev.time_ns - now) > _MAX_CLOCK_SKEW_NS:
                         agent.rejected_events += 1
                         continue
                     ranks.add(ev.rank)
@@ -132,6 +142,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     async def Attach(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
+        if isinstance(first, Malformed):
+            await reject(context, first)
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first worker message must be hello")
         hello = first.hello
@@ -163,6 +175,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
+                    break
+                if isinstance(msg, Malformed):
+                    log.warning("task %s: %s; closing its stream", task_id, msg.describe())
                     break
                 self._agent.on_worker_message(task_id, instance, msg)
         except Exception:
