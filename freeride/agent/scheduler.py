@@ -205,7 +205,10 @@ class Scheduler:
         if remaining < self._cfg.min_window_ns:
             return
         candidates = self._candidates()
-        pick = self._starved(candidates, remaining, w.tried) or choose(candidates, remaining, w.tried)
+        pick = choose(candidates, remaining, w.tried)
+        starved = self._starved(candidates, remaining, w.tried)
+        if starved is not None and (pick is None or starved.priority >= pick.priority):  # priority still rules
+            pick = starved
         if pick is None:
             return
         task = self.tasks[pick.task_id]
