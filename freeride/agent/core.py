@@ -115,8 +115,9 @@ class Agent:
         """Database thread. A failed write loses nothing: the records are marked dirty again and retried."""
         try:
             self._registry.save(recs, self.config.gpu if ledger else None, ledger)
-        except RegistryWriteError as exc:
-            self._loop.call_soon_threadsafe(self._save_failed, {r.id for r in recs}, ledger is not None, str(exc))
+        except Exception as exc:  # RegistryWriteError (disk full, I/O error), or anything else: never drop it
+            error = str(exc) if isinstance(exc, RegistryWriteError) else f"writing the state failed: {exc!r}"
+            self._loop.call_soon_threadsafe(self._save_failed, {r.id for r in recs}, ledger is not None, error)
             return False
         if self.db_error:
             self._loop.call_soon_threadsafe(self._save_recovered)

@@ -42,6 +42,7 @@ def used_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert windows.wait_for(5, 30)
     finally:
         assert agent.stop() == 0
+        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
     return agent.state_dir
 
 
@@ -141,6 +142,7 @@ def test_stopping_while_the_disk_is_still_full_is_an_error_exit_not_a_silent_one
             fill_disk(agent.proc.pid, full=True)
             assert windows.wait_for(10, 30)
         assert agent.stop() == 1  # systemd (Restart=on-failure) and operators see it: the last state was not saved
+        assert_no_tracebacks(agent)
     finally:
         agent.stop()
         assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
