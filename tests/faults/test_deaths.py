@@ -37,7 +37,7 @@ from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
 FLUSH_S = 0.1  # the agent flushes accounting to SQLite within this (core._COUNTER_FLUSH_S)
-STEP_SLACK_NS = 20_000_000  # a step that began before `until` ends within one 1 ms step plus a loaded sleep
+STEP_SLACK_NS = 50_000_000  # a 1 ms step begun before `until` ends within this, even on a loaded runner
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def durable(state_dir: Path) -> tuple[float, dict[str, float]]:
         reg.close()
 
 
+@pytest.mark.timeout(300)  # two trainings (one shared) and two agent starts on a loaded 2-core runner
 def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harvest(plain, tmp_path: Path) -> None:
     root = tmp_path / "sockets"
     first, neighbour = node_agents(root)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 from conftest import BackgroundTrainer
 from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
@@ -77,6 +78,7 @@ def stretch(windows: list[tasks_pb2.WindowRecord], from_ns: int, to_ns: int) -> 
     return grant_latencies_us(w for w in windows if from_ns <= w.bubble_start_ns < to_ns)
 
 
+@pytest.mark.timeout(DURATION_S * 3 + 120)
 def test_a_flood_of_bubble_events_keeps_memory_bounded_and_grant_latency_flat(tmp_path: Path) -> None:
     agent = tagged_agent(tmp_path / "state").start()
     assert agent.proc is not None
