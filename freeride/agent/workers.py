@@ -13,9 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from freeride._window import WindowWriter
 
 log = logging.getLogger(__name__)
+
+# Set in each worker's environment and inherited by whatever its task starts: the agent finds (and
+# kills) a task's processes even after they leave the worker's process group.
+WORKER_MARK = "FREERIDE_WORKER"
 
 
 @dataclass
@@ -25,6 +31,7 @@ class WorkerProcess:
     proc: asyncio.subprocess.Process
     log_path: Path
     window: WindowWriter
+    mark: str = ""  # WORKER_MARK's value in its environment (and its descendants')
     kill_reason: str = ""
     failure: str = ""
     retryable: bool = True
@@ -55,6 +62,7 @@ class WorkerLauncher:
         log_path = self._log_dir / f"task-{task_id}.log"
         env = dict(os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
+        env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         with open(log_path, "ab") as logf:
             proc = await asyncio.create_subprocess_exec(
@@ -77,19 +85,40 @@ class WorkerLauncher:
                 env=env,
             )
         window.close_child_end()
-        worker = WorkerProcess(task_id, instance, proc, log_path, window)
+        worker = WorkerProcess(task_id, instance, proc, log_path, window, mark=env[WORKER_MARK])
         asyncio.get_running_loop().create_task(self._watch(worker, on_exit))
         return worker
 
     @staticmethod
     async def _watch(worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
-        # Reap whatever the task forked and left behind in its process group.
+        # Reap whatever the task forked and left behind in its process group...
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.proc.pid, signal.SIGKILL)
+        # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark.
+        # A scan of /proc, once per worker exit, off the event loop.
+        escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
+        if escaped:
+            log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
+                        worker.task_id, len(escaped), ", ".join(escaped))
         worker.window.close()
         worker.exited.set()
         on_exit(worker, code)
+
+
+def kill_marked(mark: str) -> list[str]:
+    """SIGKILL every process whose environment carries this worker mark; their descriptions."""
+    killed = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(WORKER_MARK) != mark:
+                continue
+            what = f"{proc.pid} ({proc.name()})"
+            proc.kill()
+            killed.append(what)
+        except (psutil.Error, OSError):  # gone meanwhile, a zombie, or another user's
+            continue
+    return killed
 
 
 def describe_exit(code: int) -> str:

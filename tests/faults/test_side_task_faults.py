@@ -57,6 +57,8 @@ def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
                         "died leaving children behind"),
         "forks+exit": (one("faulty", "ForksAndDies", pidfile=tmp / "exit.pids", how="exit"), S.TASK_STATE_FAILED,
                        "worker exited with code 9"),
+        "forks+setsid": (one("faulty", "ForksAndDies", pidfile=tmp / "escape.pids", how="escape"),
+                         S.TASK_STATE_FAILED, "died leaving children behind"),
         "one slow step": (one("faulty", "SlowOnce"), S.TASK_STATE_DONE, ""),
         "forks+hang": (one("faulty", "ForksAndDies", pidfile=tmp / "hang.pids", how="hang"), S.TASK_STATE_FAILED,
                        "hung"),
@@ -110,10 +112,10 @@ def test_every_kind_of_side_task_failure_is_contained(two_agents, plain, tmp_pat
     hung = {t.id: t for t in final.tasks}[ids["hang"]]
     assert hung.counters.killed_steps == 1 and hung.restarts == 1 and hung.checkpoint_steps > 0
     assert ended["memory"].restarts == 0  # a memory cap is not retried
-    # Whatever a task forked died with its worker's process group, however it was detached.
-    for pidfile in ("raise.pids", "exit.pids", "hang.pids"):
+    # Whatever a task forked died with its worker: its process group, and what left the group by its mark.
+    for pidfile in ("raise.pids", "exit.pids", "hang.pids", "escape.pids"):
         pids = [int(p) for p in (tmp_path / pidfile).read_text().split()]
-        assert len(pids) == 3 and wait_gone(pids, 10) == [], pidfile
+        assert len(pids) == (4 if pidfile == "escape.pids" else 3) and wait_gone(pids, 10) == [], pidfile
     # No task was lost, and the healthy one kept its worker and harvested throughout.
     assert {t.id for t in final.tasks} == {healthy.id, *ids.values()}
     calm = {t.id: t for t in final.tasks}[healthy.id]

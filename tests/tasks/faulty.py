@@ -32,8 +32,9 @@ class ForksAndDies(IterativeTask):
     """Leaves children behind, then dies in its first step.
 
     Two children it would normally wait for, plus one grandchild whose parent exits at once (so it
-    is re-parented away from the worker, like a daemonised helper). Every pid goes into `pidfile`
-    before the worker dies, so a test can check that each one was reaped with the worker's group.
+    is re-parented away from the worker, like a daemonised helper); with how="escape" also a child
+    that starts a session of its own (setsid), out of the worker's process group. Every pid goes
+    into `pidfile` before the worker dies, so a test can check that each one was reaped.
     """
 
     def __init__(self, pidfile: str, how: str = "raise") -> None:
@@ -54,6 +55,8 @@ class ForksAndDies(IterativeTask):
         pids.append(int(os.read(r, 64)))
         os.close(r)
         os.waitpid(middle, 0)
+        if self.how == "escape":  # one more child, in a session of its own: out of the worker's process group
+            pids.append(subprocess.Popen([sys.executable, "-c", _SLEEPER], start_new_session=True).pid)
         self.pidfile.write_text(" ".join(map(str, pids)))
         if self.how == "exit":
             os._exit(9)
