@@ -222,6 +222,7 @@ class Agent:
                 for w in list(self.workers.values()):
                     w.kill("did not stop within the shutdown grace period")
                 await asyncio.wait(late, timeout=5)
+        await self._launcher.settle()
         if self._flush_handle is not None:  # the final flush below writes everything
             self._flush_handle.cancel()
         self._dirty |= set(self.records)

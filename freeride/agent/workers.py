@@ -54,6 +54,7 @@ class WorkerLauncher:
         self._target = agent_target
         self._log_dir = log_dir
         self._env = env
+        self._scans: set[asyncio.Future[list[str]]] = set()
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None]
@@ -89,21 +90,30 @@ class WorkerLauncher:
         asyncio.get_running_loop().create_task(self._watch(worker, on_exit))
         return worker
 
-    @staticmethod
-    async def _watch(worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
+    async def settle(self) -> None:
+        """Wait until the processes of every exited worker are gone (before the agent exits)."""
+        if self._scans:
+            await asyncio.gather(*self._scans, return_exceptions=True)
+
+    async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
         # Reap whatever the task forked and left behind in its process group...
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.proc.pid, signal.SIGKILL)
-        # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark.
-        # A scan of /proc, once per worker exit, off the event loop.
-        escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
-        if escaped:
-            log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
-                        worker.task_id, len(escaped), ", ".join(escaped))
         worker.window.close()
         worker.exited.set()
         on_exit(worker, code)
+        # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark:
+        # a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
+        scan = asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
+        self._scans.add(scan)
+        try:
+            escaped = await scan
+        finally:
+            self._scans.discard(scan)
+        if escaped:
+            log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
+                        worker.task_id, len(escaped), ", ".join(escaped))
 
 
 def kill_marked(mark: str) -> list[str]:
