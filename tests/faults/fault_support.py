@@ -37,12 +37,17 @@ def ref(module: str, name: str) -> str:
     return f"{TASKS / module}.py:{name}"
 
 
-def tagged_agent(state_dir: Path, gpu: int = 0, extra_args: Iterable[str] = FAST) -> AgentProcess:
-    """An agent (not started) whose every descendant can be found by its tag (`agent.tag`)."""
-    tag = uuid.uuid4().hex
-    proc = AgentProcess(state_dir=state_dir, gpu=gpu, extra_args=extra_args, env={**os.environ, TAG: tag})
-    proc.tag = tag  # type: ignore[attr-defined]
-    return proc
+class TaggedAgent(AgentProcess):
+    """An agent whose every descendant can be found by its tag."""
+
+    def __init__(self, state_dir: Path, gpu: int = 0, extra_args: Iterable[str] = FAST) -> None:
+        self.tag = uuid.uuid4().hex
+        super().__init__(state_dir=state_dir, gpu=gpu, extra_args=extra_args, env={**os.environ, TAG: self.tag})
+
+
+def tagged_agent(state_dir: Path, gpu: int = 0, extra_args: Iterable[str] = FAST) -> TaggedAgent:
+    """An agent (not started) with a tag of its own."""
+    return TaggedAgent(state_dir, gpu, extra_args)
 
 
 def tagged(tag: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
@@ -166,7 +171,7 @@ def plain_run(out_dir: Path, config: PipelineConfig = PIPELINE) -> list[dict[str
     return launch(config, out_dir)
 
 
-def node_agents(root: Path, ranks: int = 2) -> list[AgentProcess]:
+def node_agents(root: Path, ranks: int = 2) -> list[TaggedAgent]:
     """Tagged agents (not started), one per rank, sockets side by side in `root` where ranks look them up."""
     procs = [tagged_agent(root / f"state{r}", gpu=r) for r in range(ranks)]
     for p in procs:

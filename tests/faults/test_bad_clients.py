@@ -16,9 +16,9 @@ import grpc
 import psutil
 import pytest
 from conftest import BackgroundTrainer
-from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
+from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
-from freeride.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.harness import WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 S = tasks_pb2
@@ -34,13 +34,13 @@ BAD = {
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+def agent(tmp_path: Path) -> Iterator[TaggedAgent]:
     proc = tagged_agent(tmp_path / "state").start()
     try:
         yield proc
     finally:
         assert proc.stop() == 0, proc.log_tail()
-        assert_all_reaped(proc.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(proc.tag)
         assert_no_tracebacks(proc)
 
 

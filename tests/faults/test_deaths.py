@@ -78,7 +78,7 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
                 beacon.next_step(10)  # a step just ended in an open window: kill now, mid-bubble
                 first.kill9()
         # Every worker of the dead agent saw its stream break, checkpointed and exited; nothing it forked lingers.
-        assert_all_reaped(first.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(first.tag)
         gpu_s, tasks_s = durable(first.state_dir)
         # The durable ledger trails the live one by at most the last flush (harvest accrues at most 1 s per s).
         assert before.gpu.harvested_s - 2 * FLUSH_S <= gpu_s
@@ -110,7 +110,7 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
         for agent in (second, neighbour, first):
             if agent is not None:
                 assert agent.stop() in (0, -signal.SIGKILL), agent.log_tail()
-                assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+                assert_all_reaped(agent.tag)
         for agent in (second, neighbour):
             if agent is not None:
                 assert_no_tracebacks(agent)
@@ -177,5 +177,5 @@ def test_a_trainer_rank_dying_mid_bubble_closes_its_window_and_idles_the_workers
             rank.wait()
         beacon.close()
         assert agent.stop() == 0, agent.log_tail()
-        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(agent.tag)
         assert_no_tracebacks(agent)

@@ -119,5 +119,5 @@ def test_a_flood_of_bubble_events_keeps_memory_bounded_and_grant_latency_flat(tm
         assert statistics.median(last) <= 2 * statistics.median(first) + 2000, (first, last)
     finally:
         assert agent.stop() == 0, agent.log_tail()
-        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(agent.tag)
         assert_no_tracebacks(agent)

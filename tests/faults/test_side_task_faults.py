@@ -17,6 +17,7 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import (
     Ledger,
+    TaggedAgent,
     Training,
     assert_all_reaped,
     assert_no_tracebacks,
@@ -27,7 +28,7 @@ from fault_support import (
     wait_gone,
 )
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.harness import wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -66,7 +67,7 @@ def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
 
 
 @pytest.fixture
-def two_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
+def two_agents(tmp_path: Path) -> Iterator[list[TaggedAgent]]:
     procs = node_agents(tmp_path / "sockets")
     try:
         yield [p.start() for p in procs]
@@ -74,7 +75,7 @@ def two_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
         for p in procs:
             assert p.stop() == 0, p.log_tail()
         for p in procs:
-            assert_all_reaped(p.tag)  # type: ignore[attr-defined]
+            assert_all_reaped(p.tag)
             assert_no_tracebacks(p)
 
 

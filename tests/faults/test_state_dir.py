@@ -42,7 +42,7 @@ def used_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert windows.wait_for(5, 30)
     finally:
         assert agent.stop() == 0
-        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(agent.tag)
     return agent.state_dir
 
 
@@ -130,7 +130,7 @@ def test_a_full_disk_keeps_bubbles_served_refuses_submissions_and_loses_nothing_
         assert_no_tracebacks(agent)
     finally:
         agent.stop()
-        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(agent.tag)
 
 
 def test_stopping_while_the_disk_is_still_full_is_an_error_exit_not_a_silent_one(tmp_path: Path) -> None:
@@ -145,4 +145,4 @@ def test_stopping_while_the_disk_is_still_full_is_an_error_exit_not_a_silent_one
         assert_no_tracebacks(agent)
     finally:
         agent.stop()
-        assert_all_reaped(agent.tag)  # type: ignore[attr-defined]
+        assert_all_reaped(agent.tag)
