@@ -47,7 +47,8 @@ class WindowWriter:
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)
         # BlockingIOError: the worker has unread wake-ups already; it reads the word, not the bytes.
-        with contextlib.suppress(BlockingIOError):
+        # BrokenPipeError: the worker died and its exit is not processed yet; that exit releases the window.
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
             os.write(self._write_fd, b"w")
 
     def grant(self, window_id: int, until_ns: int) -> None:

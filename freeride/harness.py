@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -25,7 +25,8 @@ class AgentProcess:
     """`freeride agent` in a child process with its own state dir and socket."""
 
     def __init__(self, state_dir: Path | None = None, gpu: int = 0, extra_args: Iterable[str] = (),
-                 log_path: Path | None = None, new_session: bool = False) -> None:
+                 log_path: Path | None = None, env: Mapping[str, str] | None = None,
+                 new_session: bool = False) -> None:
         self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="freeride-")
         self.state_dir = state_dir if state_dir is not None else Path(self._tmp.name) / "state"  # type: ignore[union-attr]
         self.socket = self.state_dir.parent / f"agent-gpu{gpu}.sock"
@@ -33,6 +34,7 @@ class AgentProcess:
         self.target = f"unix:{self.socket}"
         self._extra = list(extra_args)
         self.log_path = log_path or self.state_dir.parent / f"agent-gpu{gpu}.log"
+        self._env = dict(env) if env is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
         self._new_session = new_session  # True: a terminal's Ctrl-C reaches the parent only, which stops it in order
 
@@ -46,7 +48,8 @@ class AgentProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "freeride", "agent", "--gpu", str(self.gpu), "--state-dir", str(self.state_dir),
                  "--socket", str(self.socket), *self._extra],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=self._new_session,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env,
+                start_new_session=self._new_session,
             )
         return self
 
@@ -148,6 +151,11 @@ class WindowCollector:
         """Block until at least `count` windows were accounted; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
+
+    def wait_until(self, predicate: Callable[[list[tasks_pb2.WindowRecord]], bool], timeout_s: float) -> bool:
+        """Block until `predicate(windows)` holds; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.windows), timeout_s)
 
     def close(self) -> None:
         self._events.cancel()

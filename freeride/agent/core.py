@@ -27,7 +27,7 @@ from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
 from freeride.agent.limits import check_spec
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, check_transition
-from freeride.agent.registry import Registry
+from freeride.agent.registry import Registry, RegistryWriteError
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
 from freeride.agent.workers import WorkerLauncher, WorkerProcess, describe_exit, last_log_line
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
@@ -41,6 +41,9 @@ T = TypeVar("T")
 _ARG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MAX_MEM_BYTES = 1 << 50  # 1 PiB: anything above is a typo, not a GPU
 _COUNTER_FLUSH_S = 0.1  # a kill -9 loses at most this much accounting
+_DB_RETRY_S = 1.0  # while the state database cannot be written (disk full): retry this often
+_DB_ERROR_LOG_EVERY_S = 60.0
+_FINAL_WRITE_ATTEMPTS = 3
 _CHECK_TIMEOUT_S = 60.0
 
 
@@ -82,6 +85,9 @@ class Agent:
         self.dropped_events = 0
         self.rejected_events = 0
         self.shutting_down = False
+        self.db_error = ""  # why the state database cannot be written right now; empty when it can
+        self._db_failures = 0
+        self._db_error_logged_at = 0.0
         self.started_ns = clock()
         self.ckpt_dir = config.state_dir / "checkpoints"
         self.scheduler = Scheduler(
@@ -109,8 +115,8 @@ class Agent:
             for r in (self.records[i] for i in ids if i in self.records)
         ]
 
-    def _flush(self) -> asyncio.Future[None]:
-        """Write dirty records and the ledger now (ordered behind earlier writes)."""
+    def _flush(self) -> asyncio.Future[bool]:
+        """Write dirty records and the ledger now (ordered behind earlier writes); resolves to success."""
         self._flush_handle = None
         recs = self._snapshot(self._dirty)
         self._dirty.clear()
@@ -118,17 +124,46 @@ class Agent:
         self._ledger_dirty = False
         return self._loop.run_in_executor(self._db, self._save, recs, ledger)
 
-    def _save(self, recs: list[TaskRecord], ledger: Counters | None) -> None:
+    def _save(self, recs: list[TaskRecord], ledger: Counters | None) -> bool:
+        """Database thread. A failed write loses nothing: the records are marked dirty again and retried."""
         try:
             self._registry.save(recs, self.config.gpu if ledger else None, ledger)
-        except Exception:
-            log.exception("writing the state database failed; will retry with the next change")
-            self._loop.call_soon_threadsafe(self._mark_dirty, {r.id for r in recs}, ledger is not None)
+        except Exception as exc:  # RegistryWriteError (disk full, I/O error), or anything else: never drop it
+            error = str(exc) if isinstance(exc, RegistryWriteError) else f"writing the state failed: {exc!r}"
+            self._loop.call_soon_threadsafe(self._save_failed, {r.id for r in recs}, ledger is not None, error)
+            return False
+        if self.db_error:
+            self._loop.call_soon_threadsafe(self._save_recovered)
+        return True
+
+    def _save_failed(self, ids: set[str], ledger: bool, error: str) -> None:
+        """Log loudly (once, then every minute), keep everything in memory, retry every second."""
+        self._db_failures += 1
+        now = time.monotonic()
+        if not self.db_error or now - self._db_error_logged_at >= _DB_ERROR_LOG_EVERY_S:
+            self._db_error_logged_at = now
+            log.error(
+                "%s (%d failed writes so far). Tasks and the harvest ledger are kept in memory and written again "
+                "every %.0fs; new submissions are refused until a write succeeds. Free space or fix %s.",
+                error, self._db_failures, _DB_RETRY_S, self.config.state_dir,
+            )
+        self.db_error = error
+        if self.shutting_down:  # shutdown() retries on its own; no timer may outlive the database thread
+            self._dirty |= ids
+            self._ledger_dirty |= ledger
+            return
+        self._mark_dirty(ids, ledger, delay_s=_DB_RETRY_S)
+
+    def _save_recovered(self) -> None:
+        log.warning("state database writable again after %d failed writes; nothing was lost", self._db_failures)
+        self.db_error = ""
+        self._db_failures = 0
 
     def _mark_dirty(self, ids: set[str], ledger: bool, delay_s: float = _COUNTER_FLUSH_S) -> None:
         self._dirty |= ids
         self._ledger_dirty |= ledger
         if self._flush_handle is None:
+            delay_s = max(delay_s, _DB_RETRY_S) if self.db_error else delay_s
             self._flush_handle = self._loop.call_later(delay_s, self._flush)
 
     def _publish(self, event: tasks_pb2.AgentEvent) -> None:
@@ -244,7 +279,7 @@ class Agent:
             if self._admit(rec, start_reason):
                 self._loop.create_task(self._start_worker(rec, start_reason))
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> int:
         """Ask every worker to checkpoint and exit; kill those that do not within the grace period."""
         self.shutting_down = True
         for task_id, worker in list(self.workers.items()):
@@ -257,11 +292,26 @@ class Agent:
                 for w in list(self.workers.values()):
                     w.kill("did not stop within the shutdown grace period")
                 await asyncio.wait(late, timeout=5)
+        await self._launcher.settle()
+        if self._flush_handle is not None:  # the final flush below writes everything
+            self._flush_handle.cancel()
         self._dirty |= set(self.records)
         self._ledger_dirty = True
-        await self._flush()
+        saved = await self._flush()
+        for _ in range(_FINAL_WRITE_ATTEMPTS - 1):
+            if saved:
+                break
+            await asyncio.sleep(_DB_RETRY_S)  # a retry back-off while stopping, not a control-path wait
+            saved = await self._flush()
         self._db.shutdown(wait=True)
         self._gpu_pool.shutdown(wait=True)
+        if not saved:
+            log.error(
+                "could not write the final state to %s (%s): task states and harvest since the last successful "
+                "write are lost; exiting with an error", self.config.state_dir, self.db_error,
+            )
+            return 1
+        return 0
 
     # -- management API --------------------------------------------------------------------------
     def get(self, task_id: str) -> TaskRecord:
@@ -287,11 +337,20 @@ class Agent:
             id="", spec=spec, state=TaskState.SUBMITTED, kind=str(checked["kind"]),
             created_unix_s=now, updated_unix_s=now,
         )
-        rec.id = await self._in_db(self._registry.insert, rec)
+        if self.db_error:
+            raise InvalidStateError(self._db_refusal(self.db_error))
+        try:
+            rec.id = await self._in_db(self._registry.insert, rec)
+        except RegistryWriteError as exc:
+            raise InvalidStateError(self._db_refusal(str(exc))) from None
         self.records[rec.id] = rec
         log.info("task %s submitted: %s (%s)", rec.id, spec.name, spec.ref)
         await self._start_worker(rec)
         return rec
+
+    def _db_refusal(self, error: str) -> str:
+        return (f"the state database cannot be written ({error}); free space or fix {self.config.state_dir}, "
+                "then submit again (running tasks and their harvest are kept)")
 
     async def pause(self, task_id: str) -> TaskRecord:
         rec = self.get(task_id)
@@ -501,6 +560,9 @@ class Agent:
         elif which == "ready":
             rec.kind = msg.ready.kind
             rec.progress.update(msg.ready.progress)
+            # The checkpoint it resumed from: after a kill -9 of the agent, the worker's last checkpoint
+            # (taken when it lost the agent) never reached the ledger as a Checkpointed message.
+            rec.checkpoint_steps = msg.ready.resumed_steps
             if rec.state is TaskState.STARTING:
                 # Keep why this worker was (re)started visible: a crash, an agent restart.
                 self._set_state(rec, TaskState.READY, rec.reason)

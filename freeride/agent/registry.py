@@ -6,6 +6,7 @@ kill -9 loses at most the transaction in flight, never a committed one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from dataclasses import asdict
@@ -41,6 +42,14 @@ class RegistryError(FreerideError):
     """The state database cannot be opened or written."""
 
 
+class RegistryWriteError(RegistryError):
+    """A write failed (disk full, I/O error): nothing of it was committed; the caller still holds the data."""
+
+
+class _RowError(Exception):
+    """A row that does not decode: the file is corrupt where SQLite cannot see it."""
+
+
 class Registry:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -57,17 +66,33 @@ class Registry:
                     f"{path} has schema {row[0]}, this agent needs {SCHEMA_VERSION}: "
                     "use a matching freeride version or a new --state-dir"
                 )
-            self._db.execute("PRAGMA quick_check").fetchone()
-        except sqlite3.DatabaseError as exc:
+            check = self._db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check[0] if check else 'no answer'}")
+            self._verify()
+        except (sqlite3.Error, _RowError) as exc:
+            self._db.close()
             raise RegistryError(
                 f"state database {path} is unreadable ({exc}); move it aside to start fresh "
                 "(tasks and the harvest ledger in it would be lost)"
             ) from exc
 
+    def _verify(self) -> None:
+        """Decode every row now: SQLite has no checksums, so a flipped byte in a row shows only here."""
+        self.load()
+        for (gpu,) in self._db.execute("SELECT gpu FROM ledger").fetchall():
+            self.load_ledger(gpu)
+
     def close(self) -> None:
         self._db.close()
 
     def insert(self, rec: TaskRecord) -> str:
+        try:
+            return self._insert(rec)
+        except sqlite3.Error as exc:
+            raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
+
+    def _insert(self, rec: TaskRecord) -> str:
         cur = self._db.execute(
             "INSERT INTO tasks (spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -85,7 +110,13 @@ class Registry:
         return str(cur.lastrowid)
 
     def save(self, recs: list[TaskRecord], gpu: int | None = None, gpu_counters: Counters | None = None) -> None:
-        """Write the records (and the GPU ledger) in one transaction."""
+        """Write the records (and the GPU ledger) in one transaction; RegistryWriteError if it cannot."""
+        try:
+            self._save(recs, gpu, gpu_counters)
+        except sqlite3.Error as exc:
+            raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
+
+    def _save(self, recs: list[TaskRecord], gpu: int | None, gpu_counters: Counters | None) -> None:
         with self._tx():
             self._db.executemany(
                 "UPDATE tasks SET state=?, reason=?, restarts=?, updated_unix_s=?, counters=?, progress=?,"
@@ -113,6 +144,12 @@ class Registry:
                 )
 
     def load(self) -> list[TaskRecord]:
+        try:
+            return self._load()
+        except (ValueError, TypeError, KeyError, UnicodeError, sqlite3.OperationalError) as exc:
+            raise _RowError(f"a task row is corrupt: {exc}") from exc
+
+    def _load(self) -> list[TaskRecord]:
         rows = self._db.execute(
             "SELECT id, spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters, progress,"
             " checkpoint_steps, step_estimate_ns, peak_memory_bytes FROM tasks ORDER BY id"
@@ -137,8 +174,11 @@ class Registry:
         ]
 
     def load_ledger(self, gpu: int) -> Counters:
-        row = self._db.execute("SELECT counters FROM ledger WHERE gpu=?", (gpu,)).fetchone()
-        return Counters(**json.loads(row[0])) if row else Counters()
+        try:
+            row = self._db.execute("SELECT counters FROM ledger WHERE gpu=?", (gpu,)).fetchone()
+            return Counters(**json.loads(row[0])) if row else Counters()
+        except (ValueError, TypeError, UnicodeError, sqlite3.OperationalError) as exc:
+            raise _RowError(f"the ledger row of GPU {gpu} is corrupt: {exc}") from exc
 
     def _tx(self) -> _Tx:
         return _Tx(self._db)
@@ -152,4 +192,16 @@ class _Tx:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()  # a failed COMMIT (disk full) leaves the transaction open: the next BEGIN would fail
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")

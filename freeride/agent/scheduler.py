@@ -26,6 +26,9 @@ _MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory wi
 HISTORY_BUBBLES = 4096  # bubbles kept for `freeride timeline` (a few hundred iterations)
 HISTORY_WINDOWS = 512  # accounted windows kept with their steps (the steps make these the heavier ones)
 TIMELINE_MAX_STEPS = 50_000  # steps in one Timeline answer: about 1 MB
+# A task passed over this many times because its step estimate did not fit is offered a window
+# anyway: its worker re-checks (and drops a stale outlier from) its estimate instead of starving.
+_PROBE_AFTER = 16
 
 
 class TimerHandle(Protocol):
@@ -54,6 +57,7 @@ class TaskSlot:
     step_estimate_ns: int | None = None
     window_id: int = 0  # the window this task holds, 0 when idle
     hang_timer: TimerHandle | None = None
+    unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
 
 
 @dataclass
@@ -167,6 +171,9 @@ class Scheduler:
             return
         until = ev.time_ns + predicted - self.margin.margin_ns()
         if until - self._clock() < self._cfg.min_window_ns:
+            # A bubble skipped for the margin counts as a clean one: with no window there is no clean
+            # window to decay it, so after a burst of overruns short bubbles would never be used again.
+            self.margin.on_window(0)
             return
         w = Window(self._next_window, ev.rank, ev.slot, ev.iteration, ev.time_ns, until, predicted)
         self._next_window += 1
@@ -213,15 +220,36 @@ class Scheduler:
         remaining = w.until_ns - self._clock()
         if remaining < self._cfg.min_window_ns:
             return
-        pick = choose(self._candidates(), remaining, w.tried)
+        candidates = self._candidates()
+        pick = choose(candidates, remaining, w.tried)
+        starved = self._starved(candidates, remaining, w.tried)
+        if starved is not None and (pick is None or starved.priority >= pick.priority):  # priority still rules
+            pick = starved
         if pick is None:
             return
         task = self.tasks[pick.task_id]
+        task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
         w.shares.append(_Share(task.task_id))
         task.window_id = w.id
         task.port.grant(w.id, w.until_ns)
+
+    def _starved(self, candidates: list[Candidate], remaining_ns: int, tried: set[str]) -> Candidate | None:
+        """An idle task that sat out `_PROBE_AFTER` dispatches because its estimate did not fit.
+
+        Its estimate may be one step slowed by a loaded machine, and only a window can refresh it:
+        the worker runs a step only if it fits by its own estimate, so a probe costs no overrun.
+        """
+        probe = None
+        for c in candidates:
+            unfit = c.step_estimate_ns is not None and c.step_estimate_ns > remaining_ns
+            if c.idle and unfit and c.task_id not in tried:
+                slot = self.tasks[c.task_id]
+                slot.unfit += 1
+                if probe is None and slot.unfit >= _PROBE_AFTER:
+                    probe = c
+        return probe
 
     def _close(self, w: Window, end_ns: int) -> None:
         if end_ns:

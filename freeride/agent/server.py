@@ -23,6 +23,7 @@ from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.registry import Registry
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
+from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
 from freeride.gpu.control import GpuControl
 from freeride.gpu.doctor import log_failures
@@ -81,7 +82,7 @@ def _socket_gid(config: AgentConfig) -> int | None:
 
 def _new_server(interceptors: list[grpc.aio.ServerInterceptor] | None = None) -> grpc.aio.Server:
     return grpc.aio.server(
-        interceptors=interceptors,
+        interceptors=[*(interceptors or []), RejectMalformed()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -176,7 +177,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     await health.enter_graceful_shutdown()
     if metrics is not None:
         metrics.stop()
-    await agent.shutdown()
+    code = await agent.shutdown()
     if tcp_server is not None:
         await tcp_server.stop(grace=1.0)
     await server.stop(grace=1.0)
@@ -186,4 +187,4 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         sock.unlink()
     lock.close()
     log.info("agent stopped")
-    return 0
+    return code

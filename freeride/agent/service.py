@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -14,6 +14,7 @@ from freeride import __version__
 from freeride.agent.convert import spec_from_pb, state_from_pb
 from freeride.agent.core import Agent
 from freeride.agent.limits import edge_ok, edge_problem
+from freeride.agent.wire import Malformed, reject
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -91,13 +92,18 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     ) -> tasks_pb2.TimelineResponse:
         return self._agent.timeline(request.since_ns)
 
-    async def Watch(
-        self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[tasks_pb2.AgentEvent]:
+    async def Watch(self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext) -> None:
+        # context.write rather than yield: a client that cancels while a write waits on its flow control fails
+        # that write (ExecuteBatchError, before the call shows as cancelled); yielded, gRPC logs a traceback.
         q = self._agent.subscribe()
         try:
             while True:
-                yield await q.get()
+                event = await q.get()
+                try:
+                    await context.write(event)
+                except Exception as exc:  # a failed write means the stream is gone: nothing else to tell
+                    log.debug("watch stream from %s ended: %r", context.peer(), exc)
+                    return
         finally:
             self._agent.unsubscribe(q)
 
@@ -118,6 +124,8 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                 batch = await context.read()
                 if batch is grpc.aio.EOF:
                     break
+                if isinstance(batch, Malformed):
+                    await reject(context, batch)
                 now = agent.clock()
                 for ev in batch.events:
                     if not edge_ok(ev, now):
@@ -142,6 +150,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     async def Attach(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
+        if isinstance(first, Malformed):
+            await reject(context, first)
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first worker message must be hello")
         hello = first.hello
@@ -173,6 +183,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
+                    break
+                if isinstance(msg, Malformed):
+                    log.warning("task %s: %s; closing its stream", task_id, msg.describe())
                     break
                 self._agent.on_worker_message(task_id, instance, msg)
         except Exception:

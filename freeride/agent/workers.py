@@ -6,17 +6,23 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from freeride._window import WindowWriter
 
 log = logging.getLogger(__name__)
 
 _BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
+# Set in each worker's environment and inherited by whatever its task starts: the agent finds (and
+# kills) a task's processes even after they leave the worker's process group.
+WORKER_MARK = "FREERIDE_WORKER"
 
 
 @dataclass
@@ -26,6 +32,7 @@ class WorkerProcess:
     proc: asyncio.subprocess.Process
     log_path: Path
     window: WindowWriter
+    mark: str = ""  # WORKER_MARK's value in its environment (and its descendants')
     kill_reason: str = ""
     failure: str = ""
     retryable: bool = True
@@ -66,6 +73,7 @@ class WorkerLauncher:
         self._target = agent_target
         self._log_dir = log_dir
         self._env = env
+        self._scans: set[asyncio.Future[list[str]]] = set()
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
@@ -76,6 +84,7 @@ class WorkerLauncher:
         log_path = self._log_dir / f"task-{task_id}.log"
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
+        env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         with open(log_path, "ab") as logf:
             proc = await asyncio.create_subprocess_exec(
@@ -98,19 +107,49 @@ class WorkerLauncher:
                 env=env,
             )
         window.close_child_end()
-        worker = WorkerProcess(task_id, instance, proc, log_path, window)
+        worker = WorkerProcess(task_id, instance, proc, log_path, window, mark=env[WORKER_MARK])
         asyncio.get_running_loop().create_task(self._watch(worker, on_exit))
         return worker
 
-    @staticmethod
-    async def _watch(worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
+    async def settle(self) -> None:
+        """Wait until the processes of every exited worker are gone (before the agent exits)."""
+        if self._scans:
+            await asyncio.gather(*self._scans, return_exceptions=True)
+
+    async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
-        # Reap whatever the task forked and left behind in its process group.
+        # Reap whatever the task forked and left behind in its process group...
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.proc.pid, signal.SIGKILL)
         worker.window.close()
         worker.exited.set()
         on_exit(worker, code)
+        # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark:
+        # a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
+        scan = asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
+        self._scans.add(scan)
+        try:
+            escaped = await scan
+        finally:
+            self._scans.discard(scan)
+        if escaped:
+            log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
+                        worker.task_id, len(escaped), ", ".join(escaped))
+
+
+def kill_marked(mark: str) -> list[str]:
+    """SIGKILL every process whose environment carries this worker mark; their descriptions."""
+    killed = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(WORKER_MARK) != mark:
+                continue
+            what = f"{proc.pid} ({proc.name()})"
+            proc.kill()
+            killed.append(what)
+        except (psutil.Error, OSError):  # gone meanwhile, a zombie, or another user's
+            continue
+    return killed
 
 
 def describe_exit(code: int) -> str:
@@ -123,14 +162,19 @@ def describe_exit(code: int) -> str:
     return f"worker exited with code {code}"
 
 
+# gRPC's C core logs like glog ("I1121 12:06:54.952123   30788 fork_posix.cc:71] ..."): noise, never the cause.
+_GRPC_CORE_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
+
+
 def last_log_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a worker log: usually the exception that killed it."""
+    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - limit))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
+                     if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
     except OSError:
         return ""
     return lines[-1] if lines else ""

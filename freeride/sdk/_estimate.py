@@ -45,6 +45,23 @@ class StepEstimator:
         if self._samples:
             self._refresh()
 
+    def forget_outlier(self) -> bool:
+        """Drop the largest sample if it is over twice the median of the others; True if one was dropped.
+
+        Called when a window went unused because the estimate did not fit: one step slowed by a
+        loaded machine must not keep a task out of every bubble for good, and only running a step
+        could replace that sample. Steps that are all long stay long: nothing is dropped then.
+        """
+        if len(self._samples) < 2:
+            return False
+        ordered = sorted(self._samples)
+        largest, rest = ordered[-1], ordered[:-1]
+        if largest <= 2 * rest[len(rest) // 2]:
+            return False
+        self._samples.remove(largest)
+        self._refresh()
+        return True
+
     def _refresh(self) -> None:
         ordered = sorted(self._samples)
         index = min(len(ordered) - 1, int(self._percentile * len(ordered)))

@@ -76,6 +76,7 @@ class _Gate:
         self._wid = 0
         self._until_ns = 0
         self._last_wid = 0
+        self._stepped = False  # whether a step ran in the current window
         self._steps: list[pb.Step] = []
         self.total_steps = 0
         self._piece_start_ns = 0
@@ -106,12 +107,15 @@ class _Gate:
                     continue
                 est = self.estimator.estimate_ns()
                 if est is not None and now + est > self._until_ns:
+                    if not self._stepped:  # granted, yet not one step fits: maybe a stale outlier
+                        self.estimator.forget_outlier()
                     self.close(pb.WINDOW_END_REASON_NO_FIT)
                     continue
                 return
             if word.window_id > self._last_wid:
                 if word.open:
                     self._wid, self._until_ns = word.window_id, word.until_ns
+                    self._stepped = False
                     continue
                 # Granted and revoked before this worker woke up: say so, or the agent would
                 # keep the task marked busy with a window it never ran in.
@@ -140,6 +144,7 @@ class _Gate:
 
     def step_done(self, start_ns: int, end_ns: int) -> None:
         duration = end_ns - start_ns
+        self._stepped = True
         self.estimator.add(duration)
         self._steps.append(pb.Step(start_ns=start_ns, duration_ns=duration))
         self.total_steps += 1

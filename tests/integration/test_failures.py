@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import psutil
-from conftest import BackgroundTrainer, bubbles, drive, spec
+from conftest import BackgroundTrainer, spec
 
 from freeride.harness import wait_for_task
 from freeride.v1 import tasks_pb2
@@ -14,17 +14,18 @@ READY, FAILED = tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_FAILED
 
 
 def test_a_crashed_worker_restarts_from_its_checkpoint(agent, client, tmp_path: Path):
-    task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=1))
+    task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=1, steps=60))
     wait_for_task(client, task.id, [READY])
-    drive(agent, bubbles(12, [20.0, 20.0]))
-    info = client.get(task.id)
+    with BackgroundTrainer(agent, [20.0, 20.0]):
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_STARTING], timeout_s=30)  # crashed at step 30
+        back = wait_for_task(client, task.id, [READY], timeout_s=30)
+        done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE], timeout_s=30)
     assert (tmp_path / "crashed").exists()
-    assert info.restarts == 1
-    assert info.state == READY
-    assert "injected crash" in info.reason
-    # It resumed from a checkpoint taken before the crash, not from zero: the count kept growing past it.
-    assert info.progress["count"] > 30
-    assert info.checkpoint_steps > 0
+    assert back.restarts == 1 and done.restarts == 1
+    assert "injected crash" in back.reason
+    # It resumed from a checkpoint taken before the crash, not from zero, and counted on to the end.
+    assert 0 < back.checkpoint_steps < 30
+    assert done.progress["count"] == 60
 
 
 def test_a_task_that_keeps_failing_is_failed_with_the_exception_as_reason(agent, client):

@@ -101,7 +101,8 @@ def test_sigterm_stops_in_order_and_the_next_agent_resumes_from_the_checkpoint(t
     try:
         with agent.client() as c:
             info = wait_for_task(c, task.id, [S.TASK_STATE_READY])
-            assert info.checkpoint_steps == count  # the shutdown checkpoint holds every step
-            assert info.counters.steps == count
+            # The shutdown checkpoint holds every step that ran (progress, sampled at most once a second,
+            # may have lagged behind when `count` was read).
+            assert info.checkpoint_steps == info.counters.steps >= count > 0
     finally:
         assert agent.stop() == 0

@@ -40,8 +40,8 @@ class Counter(IterativeTask):
 class CrashOnce(Counter):
     """Raises once, at step `at`, the first time only (a marker file remembers)."""
 
-    def __init__(self, marker: str, at: int = 20, step_ms: float = 1.0) -> None:
-        super().__init__(step_ms)
+    def __init__(self, marker: str, at: int = 20, step_ms: float = 1.0, steps: int = 0) -> None:
+        super().__init__(step_ms, steps)
         self.marker = Path(marker)
         self.at = at
 

@@ -104,3 +104,23 @@ def test_warmup_steps_are_left_out_so_a_cold_first_step_cannot_lock_a_task_out()
     est.add(2_000_000)
     assert est.estimate_ns() == 2_000_000
     assert est.samples() == [2_000_000]
+
+
+def test_forgetting_drops_a_lone_outlier_so_one_slow_step_does_not_rule_for_good() -> None:
+    e = StepEstimator()
+    for d in (1_000_000, 1_100_000, 300_000_000):
+        e.add(d)
+    assert e.estimate_ns() == 300_000_000
+    assert e.forget_outlier()
+    assert e.estimate_ns() == 1_100_000
+
+
+def test_forgetting_keeps_steps_that_are_all_long() -> None:
+    e = StepEstimator()
+    for d in (80_000_000, 82_000_000, 85_000_000):
+        e.add(d)
+    assert not e.forget_outlier()
+    assert e.estimate_ns() == 85_000_000
+    single = StepEstimator()
+    single.add(300_000_000)
+    assert not single.forget_outlier()  # one sample is no evidence of an outlier

@@ -636,3 +636,42 @@ def test_timeline_gives_steps_to_the_newest_windows_within_its_budget(h: Harness
     _, windows = h.sched.timeline(max_steps=9)
     assert [len(w.shares[0].step_spans) for w in windows] == [0, 4, 4]  # oldest first; it did not fit
     assert [w.shares[0].steps for w in windows] == [4, 4, 4]  # the counts stay
+
+
+# -- recovering from stale evidence (found by tests/faults) ------------------------------------------
+
+
+def test_a_margin_grown_past_every_bubble_decays_on_the_bubbles_it_skips(h: Harness) -> None:
+    h.add("a")
+    h.sched.margin.on_window(5 * MS)  # a burst of overruns: now no 2 ms bubble leaves room for a window
+    short = 2 * MS
+    t = h.learn(length=short)
+    for i in range(200):
+        h.start(t + i * PERIOD, iteration=2 + i)
+        h.end(t + i * PERIOD + short, iteration=2 + i)
+    assert h.sched.gpu.windows > 0  # skipped bubbles counted as clean ones until a window fit again
+
+
+def test_a_task_kept_out_by_its_step_estimate_is_offered_a_window_now_and_then(h: Harness) -> None:
+    stale = h.add("stale", step_estimate_ns=300 * MS)  # one slow step (a loaded machine) set its p95
+    fits = h.add("fits", step_estimate_ns=1 * MS)
+    for i in range(16):
+        h.start(i * PERIOD, hint=LENGTH, iteration=i)
+        h.done("stale", i + 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)  # (if probed: its step does not fit)
+        h.done("fits", i + 1)
+        h.end(i * PERIOD + LENGTH, iteration=i)
+    assert len(stale.grants()) == 1  # a probe: its worker re-checks the estimate; a step runs only if it fits
+    assert len(fits.grants()) == 16  # and the rest of that window went to the task that fits
+
+
+def test_a_probe_never_jumps_ahead_of_a_higher_priority_task_that_fits(h: Harness) -> None:
+    stale = h.add("stale", priority=1, step_estimate_ns=300 * MS)
+    high = h.add("high", priority=9, step_estimate_ns=1 * MS)
+    for i in range(40):
+        h.start(i * PERIOD, hint=LENGTH, iteration=i)
+        h.done("high", i + 1)  # done at once: the tail is free
+        h.done("stale", i + 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)  # (if probed: its step does not fit)
+        h.end(i * PERIOD + LENGTH, iteration=i)
+    assert len(high.grants()) == 40
+    probed = {g[1] for g in stale.grants()}
+    assert probed and probed <= {g[1] for g in high.grants()}  # only tails the higher priority left

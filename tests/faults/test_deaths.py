@@ -1,0 +1,181 @@
+"""The agent or a trainer rank dies in the middle of a bubble.
+
+- `kill -9` of the agent while a side-task step runs in a window: training goes on untouched,
+  every worker checkpoints and exits, and the next agent on the same state directory brings every
+  task back from its checkpoint with the durable ledger (a kill loses at most the last flush).
+- A trainer rank killed or hung in a bubble (its END never comes): the window closes at once when
+  the rank's stream drops, and by the predicted end (`until`) when the stream stays open.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BackgroundTrainer
+from fault_support import (
+    BeaconReader,
+    Ledger,
+    Training,
+    assert_all_reaped,
+    assert_no_tracebacks,
+    assert_same_training,
+    node_agents,
+    plain_run,
+    ref,
+    tagged_agent,
+)
+
+from freeride.agent.registry import Registry
+from freeride.harness import WindowCollector, wait_for_task
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+FLUSH_S = 0.1  # the agent flushes accounting to SQLite within this (core._COUNTER_FLUSH_S)
+STEP_SLACK_NS = 50_000_000  # a 1 ms step begun before `until` ends within this, even on a loaded runner
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return plain_run(tmp_path_factory.getbasetemp() / "plain")
+
+
+def durable(state_dir: Path) -> tuple[float, dict[str, float]]:
+    """What the state database holds: the GPU's and each task's harvested seconds."""
+    reg = Registry(state_dir / "freeride.db")
+    try:
+        return reg.load_ledger(0).harvested_ns / 1e9, {r.id: r.counters.harvested_ns / 1e9 for r in reg.load()}
+    finally:
+        reg.close()
+
+
+@pytest.mark.timeout(300)  # two trainings (one shared) and two agent starts on a loaded 2-core runner
+def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harvest(plain, tmp_path: Path) -> None:
+    root = tmp_path / "sockets"
+    first, neighbour = node_agents(root)
+    beacon = BeaconReader(tmp_path / "beacon")
+    second = None
+    try:
+        first.start()
+        neighbour.start()
+        with first.client() as c, neighbour.client() as n:
+            n.submit(S.TaskSpec(ref=ref("behaviours", "Counter")))
+            stepping = c.submit(S.TaskSpec(ref=ref("faulty", "Beacon"), args={"fifo": str(beacon.path)}))
+            paused = c.submit(S.TaskSpec(ref=ref("behaviours", "Counter")))
+            for t in (stepping, paused):
+                wait_for_task(c, t.id, [S.TASK_STATE_READY])
+            c.pause(paused.id)
+            training = Training(root, tmp_path / "run")
+            with BackgroundTrainer(first, [20.0], rank=7):
+                beacon.next_step(60)  # the first step... then one more: harvest is under way
+                beacon.next_step(10)
+                before = c.stats()
+                beacon.next_step(10)  # a step just ended in an open window: kill now, mid-bubble
+                first.kill9()
+        # Every worker of the dead agent saw its stream break, checkpointed and exited; nothing it forked lingers.
+        assert_all_reaped(first.tag)
+        gpu_s, tasks_s = durable(first.state_dir)
+        # The durable ledger trails the live one by at most the last flush (harvest accrues at most 1 s per s).
+        assert before.gpu.harvested_s - 2 * FLUSH_S <= gpu_s
+        for t in before.tasks:
+            assert t.counters.harvested_s - 2 * FLUSH_S <= tasks_s[t.id]
+
+        second = tagged_agent(first.state_dir)
+        second.socket, second.target = first.socket, first.target
+        second.start()
+        ledger = Ledger()
+        ledger.gpu_s.append(gpu_s)
+        ledger.tasks_s = {k: [v] for k, v in tasks_s.items()}
+        with second.client() as c:
+            back = wait_for_task(c, stepping.id, [S.TASK_STATE_READY])
+            assert back.reason == "agent restarted" and back.checkpoint_steps > 0
+            after = ledger.sample(c)  # nothing that was durable is lost
+            assert {t.id for t in after.tasks} == {t.id for t in before.tasks}
+            assert {t.id: t.state for t in after.tasks}[paused.id] == S.TASK_STATE_PAUSED
+            with BackgroundTrainer(second, [20.0], rank=7):
+                beacon.next_step(30)  # the task steps again, from its checkpoint
+                beacon.next_step(10)
+            resumed = c.get(stepping.id)
+            ledger.sample(c)
+        assert resumed.progress["count"] > back.checkpoint_steps > 0
+        assert ledger.gpu_s[-1] > ledger.gpu_s[0]
+        assert_same_training(plain, training.results())  # training never noticed the agent's death
+    finally:
+        beacon.close()
+        for agent in (second, neighbour, first):
+            if agent is not None:
+                assert agent.stop() in (0, -signal.SIGKILL), agent.log_tail()
+                assert_all_reaped(agent.tag)
+        for agent in (second, neighbour):
+            if agent is not None:
+                assert_no_tracebacks(agent)
+
+
+# A synthetic rank in its own process: six iterations of an 80 ms bubble teach the agent the slot,
+# then a seventh bubble starts and the rank dies or hangs in it (its END never comes).
+RANK = """
+import sys, time
+from freeride.bench.trace import Segment
+from freeride.harness import replay
+from freeride.trainer.reporter import BubbleReporter
+reporter = BubbleReporter(sys.argv[1], rank=3)
+assert reporter.wait_connected(10)
+replay(reporter, [[Segment(0.002, False), Segment(0.08, True, 0)]] * 6)
+reporter.set_iteration(6)
+reporter.start(0)
+print(time.monotonic_ns(), flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_trainer_rank_dying_mid_bubble_closes_its_window_and_idles_the_workers(how: str, tmp_path: Path) -> None:
+    agent = tagged_agent(tmp_path / "state").start()
+    beacon = BeaconReader(tmp_path / "beacon")
+    rank = None
+    try:
+        with agent.client() as c, WindowCollector(c) as windows:
+            task = c.submit(S.TaskSpec(ref=ref("faulty", "Beacon"), args={"fifo": str(beacon.path)}))
+            wait_for_task(c, task.id, [S.TASK_STATE_READY])
+            rank = subprocess.Popen([sys.executable, "-c", RANK, agent.target], stdout=subprocess.PIPE, text=True)
+            assert rank.stdout is not None
+            started_ns = int(rank.stdout.readline())
+            while beacon.next_step(30) < started_ns:  # a step in the last bubble's window: the rank is mid-bubble
+                pass
+            if how == "killed":
+                rank.kill()
+            else:
+                rank.send_signal(signal.SIGSTOP)
+                steps = beacon.until_quiet(0.5)  # the steps stop on their own...
+                assert c.stats().gpu.trainers == 1  # ...while the rank's stream is still open
+                rank.kill()
+            gone_ns = time.monotonic_ns()
+            rank.wait()
+            assert windows.wait_until(lambda ws: any(w.iteration == 6 for w in ws), 30)
+            w = next(w for w in windows.windows if w.iteration == 6)
+            share = w.shares[0]
+            assert share.task_id == task.id and share.steps > 0
+            assert w.bubble_end_ns == w.bubble_start_ns + w.predicted_ns  # no END: accounted up to the prediction
+            assert share.idle_ns <= w.until_ns + STEP_SLACK_NS  # the worker went idle by the predicted end
+            if how == "killed":
+                assert share.idle_ns < w.until_ns  # closed when the stream dropped, before the predicted end
+            else:
+                assert share.idle_ns < gone_ns and max(steps, default=0) <= w.until_ns + STEP_SLACK_NS
+            stats = c.stats()
+            assert stats.gpu.trainers == 0  # the agent noticed the stream dropped
+            assert c.get(task.id).state == S.TASK_STATE_READY  # idle, holding no window
+            with BackgroundTrainer(agent, [20.0]):  # and the next trainer is served as usual
+                beacon.next_step(30)
+    finally:
+        if rank is not None and rank.poll() is None:
+            rank.kill()
+            rank.wait()
+        beacon.close()
+        assert agent.stop() == 0, agent.log_tail()
+        assert_all_reaped(agent.tag)
+        assert_no_tracebacks(agent)
