@@ -23,6 +23,7 @@ class StepEstimator:
         self._refresh_every = refresh_every
         self._since_refresh = 0
         self._cached: int | None = None
+        self._lone_forgotten = False
 
     def add(self, duration_ns: int) -> None:
         if self._warmup > 0:
@@ -52,6 +53,13 @@ class StepEstimator:
         loaded machine must not keep a task out of every bubble for good, and only running a step
         could replace that sample. Steps that are all long stay long: nothing is dropped then.
         """
+        if len(self._samples) == 1 and not self._lone_forgotten:
+            # One slow step is no evidence either way: measure again, once. A task whose steps
+            # really are long pays one overrun for it and then keeps its (repeated) estimate.
+            self._lone_forgotten = True
+            self._samples.clear()
+            self._cached = None
+            return True
         if len(self._samples) < 2:
             return False
         ordered = sorted(self._samples)

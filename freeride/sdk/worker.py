@@ -107,8 +107,8 @@ class _Gate:
                     continue
                 est = self.estimator.estimate_ns()
                 if est is not None and now + est > self._until_ns:
-                    if not self._stepped:  # granted, yet not one step fits: maybe a stale outlier
-                        self.estimator.forget_outlier()
+                    if not self._stepped and self.estimator.forget_outlier():
+                        continue  # granted, yet not one step fit a stale outlier: judge this window again
                     self.close(pb.WINDOW_END_REASON_NO_FIT)
                     continue
                 return

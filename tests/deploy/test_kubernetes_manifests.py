@@ -27,8 +27,6 @@ K8S = DEPLOY / "kubernetes"
 SCHEMAS = Path(__file__).parent / "schemas"
 # The oldest Kubernetes we support and the newest whose schemas kubernetes-validate ships.
 VERSIONS = ("1.30.0", "1.36.0")
-PLANNED = {"FREERIDE_METRICS_PORT", "FREERIDE_METRICS_ADDR", "FREERIDE_TOKEN_FILE", "FREERIDE_SOCKET_MODE",
-           "FREERIDE_SOCKET_GROUP"}  # the ops helpers' flags; the agent ignores them until it has them
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -129,7 +127,7 @@ def test_metrics_service_and_monitor_cover_every_agent() -> None:
 
 def test_configmap_sets_only_agent_variables_and_the_grace_period_covers_the_checkpoints() -> None:
     data = _one("ConfigMap")["data"]
-    known = {f"FREERIDE_{f.name.upper()}" for f in fields(AgentConfig)} | PLANNED
+    known = {f"FREERIDE_{f.name.upper()}" for f in fields(AgentConfig)}
     known |= {"FREERIDE_LOG_LEVEL", "FREERIDE_SOCKET_DIR"}  # read by the CLI and the socket lookup
     assert {k for k in data if k.startswith("FREERIDE_")} <= known
     for key in ("FREERIDE_GPU", "FREERIDE_STATE_DIR", "FREERIDE_SOCKET"):

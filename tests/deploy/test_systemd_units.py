@@ -23,12 +23,6 @@ from freeride.client import AgentClient
 SYSTEMD = DEPLOY / "systemd"
 AGENT_BIN = "/opt/freeride/bin/freeride"  # where docs/deploy.md installs the CLI
 MPS_BIN = "/usr/bin/nvidia-cuda-mps-control"
-# Variables the ops helpers' flags read (--token-file, --metrics-*, socket mode/group): allowed in
-# the env file's commented-out lines before the agent knows them.
-PLANNED = {"FREERIDE_TOKEN_FILE", "FREERIDE_METRICS_PORT", "FREERIDE_METRICS_ADDR", "FREERIDE_SOCKET_MODE",
-           "FREERIDE_SOCKET_GROUP"}
-
-
 def _systemd_analyze() -> str:
     path = shutil.which("systemd-analyze")
     if path is None:
@@ -82,7 +76,7 @@ def test_env_file_sets_only_variables_the_agent_reads() -> None:
         assert key not in active, f"{key} belongs to the unit (systemd owns the paths)"
     commented = {line.lstrip("#").split("=")[0] for line in path.read_text().splitlines()
                  if line.startswith("#FREERIDE_")}
-    assert commented <= known | PLANNED
+    assert commented <= known
     defaults = AgentConfig()
     for f in fields(AgentConfig):
         if (raw := active.get(f"FREERIDE_{f.name.upper()}")) is not None and f.name not in ("state_dir", "socket"):

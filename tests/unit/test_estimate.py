@@ -121,6 +121,14 @@ def test_forgetting_keeps_steps_that_are_all_long() -> None:
         e.add(d)
     assert not e.forget_outlier()
     assert e.estimate_ns() == 85_000_000
-    single = StepEstimator()
-    single.add(300_000_000)
-    assert not single.forget_outlier()  # one sample is no evidence of an outlier
+
+
+def test_a_lone_slow_sample_is_measured_again_once_and_then_kept() -> None:
+    e = StepEstimator(warmup_steps=1)
+    e.add(500_000_000)  # cold first step: left out
+    e.add(300_000_000)  # one slow step under load: the only evidence
+    assert e.forget_outlier()  # granted and not fitting: measure again rather than starve
+    assert e.estimate_ns() is None  # fits anything: the next step is measured
+    e.add(300_000_000)  # and really is long
+    assert not e.forget_outlier()  # kept from now on: one overrun, not one per probe
+    assert e.estimate_ns() == 300_000_000
