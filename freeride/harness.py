@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
@@ -19,6 +20,8 @@ from freeride.client import AgentClient
 from freeride.errors import AgentUnavailableError
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
+
+T = TypeVar("T")
 
 
 class AgentProcess:
@@ -99,32 +102,80 @@ class AgentProcess:
             self._tmp.cleanup()
 
 
-def wait_for_task(
-    client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0
-) -> tasks_pb2.TaskInfo:
-    """Block until the task reaches one of `states`, driven by the agent's event stream."""
-    wanted = set(states)
+def wait_for(
+    client: AgentClient, now: Callable[[], T | None], on_event: Callable[[tasks_pb2.AgentEvent], T | None],
+    timeout_s: float = 30.0,
+) -> T | None:
+    """The first non-None of `now()` (asked once subscribed, so nothing slips between) and `on_event`
+    over the agent's event stream; None after `timeout_s`. Every wait in the tests is one of these."""
     events = client.watch()
     timer = threading.Timer(timeout_s, events.cancel)
     timer.start()
     try:
-        info = client.get(task_id)  # after subscribing: no transition can slip between the two
-        if info.state in wanted:
-            return info
+        found = now()
+        if found is not None:
+            return found
         for ev in events:
-            if ev.HasField("task") and ev.task.id == task_id and ev.task.state in wanted:
-                return ev.task
+            found = on_event(ev)
+            if found is not None:
+                return found
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:
             raise
     finally:
         timer.cancel()
         events.cancel()
-    names = [tasks_pb2.TaskState.Name(s) for s in wanted]
-    info = client.get(task_id)
-    raise TimeoutError(
-        f"task {task_id} did not reach {names} in {timeout_s}s: {tasks_pb2.TaskState.Name(info.state)} {info.reason}"
-    )
+    return None
+
+
+def wait_for_info(
+    client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool], timeout_s: float = 30.0
+) -> tasks_pb2.TaskInfo:
+    """Block until the task's info satisfies `ok` (a state, a reason, a restart count, ...)."""
+
+    def now() -> tasks_pb2.TaskInfo | None:
+        info = client.get(task_id)
+        return info if ok(info) else None
+
+    def on_event(ev: tasks_pb2.AgentEvent) -> tasks_pb2.TaskInfo | None:
+        return ev.task if ev.HasField("task") and ev.task.id == task_id and ok(ev.task) else None
+
+    found = wait_for(client, now, on_event, timeout_s)
+    if found is None:
+        info = client.get(task_id)
+        raise TimeoutError(f"task {task_id} did not get there in {timeout_s}s: "
+                           f"{tasks_pb2.TaskState.Name(info.state)} {info.reason}")
+    return found
+
+
+def wait_for_task(
+    client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0
+) -> tasks_pb2.TaskInfo:
+    """Block until the task reaches one of `states`, driven by the agent's event stream."""
+    wanted = set(states)
+    try:
+        return wait_for_info(client, task_id, lambda t: t.state in wanted, timeout_s)
+    except TimeoutError:
+        names = [tasks_pb2.TaskState.Name(s) for s in wanted]
+        info = client.get(task_id)
+        raise TimeoutError(f"task {task_id} did not reach {names} in {timeout_s}s: "
+                           f"{tasks_pb2.TaskState.Name(info.state)} {info.reason}") from None
+
+
+def wait_for_trainers(client: AgentClient, count: int, timeout_s: float = 30.0) -> tasks_pb2.StatsResponse:
+    """Block until exactly `count` trainer streams are open (the agent announces each change)."""
+
+    def now() -> tasks_pb2.StatsResponse | None:
+        stats = client.stats()
+        return stats if stats.gpu.trainers == count else None
+
+    def on_event(ev: tasks_pb2.AgentEvent) -> tasks_pb2.StatsResponse | None:
+        return client.stats() if ev.HasField("trainer") and ev.trainer.trainers == count else None
+
+    found = wait_for(client, now, on_event, timeout_s)
+    if found is None:
+        raise TimeoutError(f"{client.stats().gpu.trainers} trainer streams open after {timeout_s}s, not {count}")
+    return found
 
 
 class WindowCollector:

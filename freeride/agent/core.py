@@ -166,6 +166,12 @@ class Agent:
             delay_s = max(delay_s, _DB_RETRY_S) if self.db_error else delay_s
             self._flush_handle = self._loop.call_later(delay_s, self._flush)
 
+    def trainer_changed(self, connected: bool, peer: str) -> None:
+        """Count trainer streams and say so to watchers (`top`, tests): no poll needed to see one go."""
+        self.trainers += 1 if connected else -1
+        change = tasks_pb2.TrainerChange(connected=connected, peer=peer, trainers=self.trainers)
+        self._publish(tasks_pb2.AgentEvent(time_ns=self._clock(), trainer=change))
+
     def _publish(self, event: tasks_pb2.AgentEvent) -> None:
         for q in self._subscribers:
             if q.full():

@@ -115,7 +115,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
     async def ReportBubbles(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         agent = self._agent
         await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
-        agent.trainers += 1
+        agent.trainer_changed(True, context.peer())
         ranks: set[int] = set()
         warned = False
         log.info("trainer connected (%s)", context.peer())
@@ -138,9 +138,9 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     ranks.add(ev.rank)
                     agent.on_bubble(ev)
         finally:
-            agent.trainers -= 1
             for rank in ranks:
                 agent.scheduler.trainer_gone(rank)
+            agent.trainer_changed(False, context.peer())
             log.info("trainer disconnected (%s)", context.peer())
 
 

@@ -227,14 +227,26 @@ class WatchRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("time_ns", "task", "window")
+    __slots__ = ("time_ns", "task", "window", "trainer")
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_FIELD_NUMBER: _ClassVar[int]
     time_ns: int
     task: TaskInfo
     window: WindowRecord
-    def __init__(self, time_ns: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., window: _Optional[_Union[WindowRecord, _Mapping]] = ...) -> None: ...
+    trainer: TrainerChange
+    def __init__(self, time_ns: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., window: _Optional[_Union[WindowRecord, _Mapping]] = ..., trainer: _Optional[_Union[TrainerChange, _Mapping]] = ...) -> None: ...
+
+class TrainerChange(_message.Message):
+    __slots__ = ("connected", "peer", "trainers")
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    connected: bool
+    peer: str
+    trainers: int
+    def __init__(self, connected: _Optional[bool] = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ...) -> None: ...
 
 class WindowRecord(_message.Message):
     __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares")

@@ -89,7 +89,7 @@ def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
             os.close(fd)
 
 
-def assert_all_reaped(tag: str, timeout_s: float = 10.0, exclude: Iterable[int] = ()) -> None:
+def assert_all_reaped(tag: str, timeout_s: float = 30.0, exclude: Iterable[int] = ()) -> None:
     """No process started under the tagged agent outlives it (or, with `exclude`, outlives its worker)."""
     left = wait_gone([p.pid for p in tagged(tag, exclude)], timeout_s)
     still = [p for p in tagged(tag, exclude) if p.pid in left]

@@ -18,7 +18,7 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
-from freeride.harness import WindowCollector, wait_for_task
+from freeride.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 S = tasks_pb2
@@ -74,7 +74,9 @@ def test_garbage_truncated_and_oversized_messages_are_refused_and_training_never
                     assert call(channel, method, b"\0" * (5 * MiB)) == grpc.StatusCode.RESOURCE_EXHAUSTED, method
         seen = len(windows.windows)
         assert windows.wait_for(seen + 3, 30)  # bubbles are still served
-        stats = c.stats()
+        # A stream refused by gRPC itself (oversized) reaches the servicer's cleanup only after the client saw
+        # the status, and no event announces the trainer count: poll for it (30 s bounds a leak, not a latency).
+        stats = wait_for_trainers(c, 1)
         assert c.health() == 1
     assert stats.gpu.trainers == 1  # only the real trainer: the bad streams were closed
     assert [t.state for t in stats.tasks] in ([S.TASK_STATE_READY], [S.TASK_STATE_RUNNING])
@@ -125,7 +127,7 @@ def test_clients_that_open_streams_and_never_read_cost_bounded_memory_and_nobody
         never_reads.cancel()
     assert stats.gpu.dropped_events > 0  # the stuck streams' queues filled and overflowed: bounded, not buffered
     assert after - before < 64 * MiB, f"agent RSS grew {(after - before) / MiB:.0f} MiB"
-    assert stats_s < 2.0  # other clients are answered (bounds a hang, not a latency)
+    assert stats_s < 10.0  # other clients are answered (bounds a hang, not a latency: a loaded runner stalls)
     assert len(reader.windows) >= 6000  # and the reading client got every event while others stalled
     print(f"never-reading clients: agent RSS {before / MiB:.0f} -> {after / MiB:.0f} MiB,"
           f" {stats.gpu.dropped_events} events dropped for the stuck streams")

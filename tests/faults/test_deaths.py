@@ -32,7 +32,7 @@ from fault_support import (
 )
 
 from freeride.agent.registry import Registry
-from freeride.harness import WindowCollector, wait_for_task
+from freeride.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -75,7 +75,11 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
                 beacon.next_step(60)  # the first step... then one more: harvest is under way
                 beacon.next_step(10)
                 before = c.stats()
-                beacon.next_step(10)  # a step just ended in an open window: kill now, mid-bubble
+                # Let several flush periods pass after `before` (a loaded runner's database writes lag), then kill
+                # right after a step ended in an open window: mid-bubble.
+                flushed_ns = time.monotonic_ns() + int(5 * FLUSH_S * 1e9)
+                while beacon.next_step(10) < flushed_ns:
+                    pass
                 first.kill9()
         # Every worker of the dead agent saw its stream break, checkpointed and exited; nothing it forked lingers.
         assert_all_reaped(first.tag)
@@ -116,8 +120,10 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
                 assert_no_tracebacks(agent)
 
 
-# A synthetic rank in its own process: six iterations of an 80 ms bubble teach the agent the slot,
-# then a seventh bubble starts and the rank dies or hangs in it (its END never comes).
+# A synthetic rank in its own process: six iterations of a 300 ms bubble teach the agent the slot,
+# then a seventh bubble starts and the rank dies or hangs in it (its END never comes). The bubble is long
+# so that the kill (after the test saw a step in it) reaches the agent before the predicted end even on
+# a loaded runner.
 RANK = """
 import sys, time
 from freeride.bench.trace import Segment
@@ -125,7 +131,7 @@ from freeride.harness import replay
 from freeride.trainer.reporter import BubbleReporter
 reporter = BubbleReporter(sys.argv[1], rank=3)
 assert reporter.wait_connected(10)
-replay(reporter, [[Segment(0.002, False), Segment(0.08, True, 0)]] * 6)
+replay(reporter, [[Segment(0.002, False), Segment(0.3, True, 0)]] * 6)
 reporter.set_iteration(6)
 reporter.start(0)
 print(time.monotonic_ns(), flush=True)
@@ -166,8 +172,10 @@ def test_a_trainer_rank_dying_mid_bubble_closes_its_window_and_idles_the_workers
                 assert share.idle_ns < w.until_ns  # closed when the stream dropped, before the predicted end
             else:
                 assert share.idle_ns < gone_ns and max(steps, default=0) <= w.until_ns + STEP_SLACK_NS
-            stats = c.stats()
-            assert stats.gpu.trainers == 0  # the agent noticed the stream dropped
+            # The agent noticed the stream dropped (hung: the window closed at its prediction, before the kill;
+            # the stream's end is announced by no event, so poll for it).
+            stats = wait_for_trainers(c, 0)
+            assert stats.gpu.trainers == 0
             assert c.get(task.id).state == S.TASK_STATE_READY  # idle, holding no window
             with BackgroundTrainer(agent, [20.0]):  # and the next trainer is served as usual
                 beacon.next_step(30)

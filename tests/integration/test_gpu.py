@@ -9,16 +9,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from conftest import FAST, BackgroundTrainer, spec
 
-from freeride.client import AgentClient
 from freeride.gpu.mps import MpsControl
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -26,28 +25,6 @@ GiB = 2**30
 MiB = 2**20
 STAND_IN = f"{sys.executable} -m freeride.gpu._fake_mps_control"
 LIVE = [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING]
-
-
-def wait_until(client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool],
-               timeout_s: float = 30.0) -> tasks_pb2.TaskInfo:
-    """Block until the task's info satisfies `ok`, driven by the agent's event stream."""
-    events = client.watch()
-    timer = threading.Timer(timeout_s, events.cancel)
-    timer.start()
-    try:
-        info = client.get(task_id)
-        if ok(info):
-            return info
-        for ev in events:
-            if ev.HasField("task") and ev.task.id == task_id and ok(ev.task):
-                return ev.task
-    except grpc.RpcError as exc:
-        if exc.code() != grpc.StatusCode.CANCELLED:
-            raise
-    finally:
-        timer.cancel()
-        events.cancel()
-    raise TimeoutError(f"task {task_id} never got there: {client.get(task_id)}")
 
 
 class HintingTrainer:
@@ -92,18 +69,20 @@ def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(
     try:
         with agent.client() as c:
             a = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=2 * GiB))
+            # a's worker up and idle first: its resident memory, read twice per admission (the fake's "NVML" and
+            # the workers' share), no longer grows between the two reads as it does while the worker imports.
+            wait_for_task(c, a.id, LIVE)
             b = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=GiB))
             assert b.state == tasks_pb2.TASK_STATE_SUBMITTED
-            # 2.5 GiB - 2 GiB reserved, less what the fake's "NVML" sees of a's worker starting up at that moment
+            # 2.5 GiB - 2 GiB reserved, less any drift of a's worker's memory between those two reads
             assert re.fullmatch(r"waiting for memory: needs 1024 MiB, (5[01]\d) MiB free for side tasks", b.reason)
             assert c.get(b.id).pid == 0  # not started to fail
-            wait_for_task(c, a.id, LIVE)
             m = c.stats().gpu.memory
             assert (m.mode, m.name, m.total_bytes, m.mps) == ("fake", "Fake A100", 4 * GiB, "off")
             assert (m.side_tasks_reserved_bytes, m.waiting_tasks) == (2 * GiB, 1)
             assert 5 * GiB // 2 - 16 * MiB < m.usable_bytes <= 5 * GiB // 2
             with HintingTrainer(agent, free_bytes=3 * GiB // 2) as trainer:  # the trainer leaves only 1.5 GiB
-                wait_until(c, b.id, lambda t: "0 MiB free" in t.reason)
+                wait_for_info(c, b.id, lambda t: "0 MiB free" in t.reason)
                 c.cancel(a.id)  # frees 2 GiB, but the trainer's hint bounds side tasks to 1 GiB: b fits exactly
                 wait_for_task(c, b.id, LIVE)
                 small = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=512 * MiB))
@@ -188,7 +167,12 @@ def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is
             assert c.get(trusted.id).state in LIVE  # the other clients are untouched
     finally:
         assert agent.stop() == 0
-    assert control_log(logd)[-2:] == ["quit", "daemon stopped"]  # it started the daemon, so it stops it
+    # It started the daemon, so it stops it. The daemon records its own stop after answering `quit`, so the
+    # line may land just after the agent exited: wait for it (30 s bounds a hang).
+    deadline = time.monotonic() + 30
+    while control_log(logd)[-1] != "daemon stopped" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert control_log(logd)[-2:] == ["quit", "daemon stopped"]
 
 
 def control_log(logd: Path) -> list[str]:

