@@ -70,6 +70,7 @@ class Agent:
         self._gpu_error = ""  # the last GPU query failure, logged once
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db")
+        self._db_closed = False  # set once the final write is done: nothing may be scheduled on _db after
         self.records: dict[str, TaskRecord] = {}
         self.workers: dict[str, WorkerProcess] = {}
         self._outboxes: dict[str, asyncio.Queue[worker_pb2.AgentCommand | None]] = {}
@@ -118,6 +119,10 @@ class Agent:
     def _flush(self) -> asyncio.Future[bool]:
         """Write dirty records and the ledger now (ordered behind earlier writes); resolves to success."""
         self._flush_handle = None
+        if self._db_closed:  # after the final write (a late state change while stopping): kept in memory only
+            done: asyncio.Future[bool] = self._loop.create_future()
+            done.set_result(False)
+            return done
         recs = self._snapshot(self._dirty)
         self._dirty.clear()
         ledger = dataclasses.replace(self.scheduler.gpu) if self._ledger_dirty else None
@@ -162,6 +167,8 @@ class Agent:
     def _mark_dirty(self, ids: set[str], ledger: bool, delay_s: float = _COUNTER_FLUSH_S) -> None:
         self._dirty |= ids
         self._ledger_dirty |= ledger
+        if self.shutting_down:  # shutdown() writes everything last; no timer may outlive the database thread
+            return
         if self._flush_handle is None:
             delay_s = max(delay_s, _DB_RETRY_S) if self.db_error else delay_s
             self._flush_handle = self._loop.call_later(delay_s, self._flush)
@@ -309,6 +316,7 @@ class Agent:
                 break
             await asyncio.sleep(_DB_RETRY_S)  # a retry back-off while stopping, not a control-path wait
             saved = await self._flush()
+        self._db_closed = True
         self._db.shutdown(wait=True)
         self._gpu_pool.shutdown(wait=True)
         if not saved:
