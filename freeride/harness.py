@@ -231,8 +231,11 @@ def sleep_until(deadline_ns: int) -> None:
         time.sleep(delay / 1e9)
 
 
-def replay(reporter: BubbleReporter, iterations: list[list[Segment]]) -> list[tuple[int, int, int]]:
-    """Play a stage's trace in real time; returns (slot, start_ns, end_ns) of every bubble reported."""
+def replay(
+    reporter: BubbleReporter, iterations: list[list[Segment]], free_memory_bytes: Callable[[], int] = lambda: 0
+) -> list[tuple[int, int, int]]:
+    """Play a stage's trace in real time; returns (slot, start_ns, end_ns) of every bubble reported.
+    Each START carries `free_memory_bytes()` as the trainer's free-memory hint (0: none)."""
     bubbles = []
     t = time.monotonic_ns()
     for it, segments in enumerate(iterations):
@@ -240,7 +243,7 @@ def replay(reporter: BubbleReporter, iterations: list[list[Segment]]) -> list[tu
         for seg in segments:
             t += int(seg.duration_s * 1e9)
             if seg.bubble:
-                reporter.start(seg.slot, seg.kind)
+                reporter.start(seg.slot, seg.kind, free_memory_bytes=free_memory_bytes())
                 start = time.monotonic_ns()
                 sleep_until(t)
                 end = time.monotonic_ns()

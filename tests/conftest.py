@@ -69,9 +69,14 @@ def granted_windows(trace: list[list[Segment]]) -> int:
 
 
 class BackgroundTrainer:
-    """A synthetic trainer rank reporting the same iteration over and over until stopped."""
+    """A synthetic trainer rank reporting the same iteration over and over until stopped.
 
-    def __init__(self, agent: AgentProcess, bubble_ms: list[float], compute_ms: float = 2.0, rank: int = 0) -> None:
+    `free_bytes` is the free-memory hint each bubble START carries (0: none); a test may change it as it goes.
+    """
+
+    def __init__(self, agent: AgentProcess, bubble_ms: list[float], compute_ms: float = 2.0, rank: int = 0,
+                 free_bytes: int = 0) -> None:
+        self.free_bytes = free_bytes
         self._iteration = bubbles(1, bubble_ms, compute_ms)
         self._reporter = BubbleReporter(agent.target, rank=rank)
         self._stop = threading.Event()
@@ -80,7 +85,7 @@ class BackgroundTrainer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            replay(self._reporter, self._iteration)
+            replay(self._reporter, self._iteration, lambda: self.free_bytes)
             self.iterations += 1
 
     def __enter__(self) -> BackgroundTrainer:

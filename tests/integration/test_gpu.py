@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,39 +17,12 @@ from conftest import FAST, BackgroundTrainer, spec
 
 from freeride.gpu.mps import MpsControl
 from freeride.harness import AgentProcess, wait_for_info, wait_for_task
-from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
 GiB = 2**30
 MiB = 2**20
 STAND_IN = f"{sys.executable} -m freeride.gpu._fake_mps_control"
 LIVE = [tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_RUNNING]
-
-
-class HintingTrainer:
-    """A trainer rank whose bubbles carry a free-memory hint that the test changes as it goes."""
-
-    def __init__(self, agent: AgentProcess, free_bytes: int) -> None:
-        self.free_bytes = free_bytes
-        self._reporter = BubbleReporter(agent.target, rank=0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):  # the trainer's compute between two bubbles
-            self._reporter.start(0, free_memory_bytes=self.free_bytes)
-            self._stop.wait(0.01)
-            self._reporter.end(0)
-
-    def __enter__(self) -> HintingTrainer:
-        assert self._reporter.wait_connected(10)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._reporter.close()
 
 
 @pytest.fixture
@@ -81,7 +53,8 @@ def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(
             assert (m.mode, m.name, m.total_bytes, m.mps) == ("fake", "Fake A100", 4 * GiB, "off")
             assert (m.side_tasks_reserved_bytes, m.waiting_tasks) == (2 * GiB, 1)
             assert 5 * GiB // 2 - 16 * MiB < m.usable_bytes <= 5 * GiB // 2
-            with HintingTrainer(agent, free_bytes=3 * GiB // 2) as trainer:  # the trainer leaves only 1.5 GiB
+            # The trainer leaves only 1.5 GiB.
+            with BackgroundTrainer(agent, [10.0], compute_ms=10.0, free_bytes=3 * GiB // 2) as trainer:
                 wait_for_info(c, b.id, lambda t: "0 MiB free" in t.reason)
                 c.cancel(a.id)  # frees 2 GiB, but the trainer's hint bounds side tasks to 1 GiB: b fits exactly
                 wait_for_task(c, b.id, LIVE)
