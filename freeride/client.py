@@ -26,13 +26,22 @@ def agent_target(address: str | None = None, gpu: int = 0) -> str:
     return address
 
 
+# gRPC waits 1 s (then longer) before retrying a connection; an agent that is still starting is
+# usually up within a few tens of ms, so retry sooner, and never wait long between tries.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
 class AgentClient:
     """`token`: the agent's bearer token, needed over TCP (see freeride._auth.token_from)."""
 
     def __init__(self, target: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self._raw_channel = grpc.insecure_channel(target)
+        self._raw_channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self._channel = (
             grpc.intercept_channel(self._raw_channel, token_interceptor(token)) if token else self._raw_channel
         )

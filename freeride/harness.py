@@ -203,6 +203,16 @@ class WindowCollector:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
 
+    def wait_for_all(self, client: AgentClient, timeout_s: float = 10.0) -> int:
+        """Once every trainer stream has ended, block until every window the agent granted is
+        accounted; the count. A busy machine may make the agent skip a bubble (a late edge, a
+        widened margin), so the count comes from the agent, not from the trace."""
+        wait_for_trainers(client, 0, timeout_s)
+        granted = client.stats().gpu.windows_granted
+        if not self.wait_for(granted, timeout_s):
+            raise TimeoutError(f"{len(self.windows)} of {granted} granted windows accounted after {timeout_s}s")
+        return granted
+
     def wait_until(self, predicate: Callable[[list[tasks_pb2.WindowRecord]], bool], timeout_s: float) -> bool:
         """Block until `predicate(windows)` holds; False on timeout."""
         with self._cond:

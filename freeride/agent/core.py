@@ -434,6 +434,7 @@ class Agent:
                 overrun_steps=g.overrun_steps,
                 steps=g.steps,
                 windows=g.windows,
+                windows_granted=self.scheduler.windows_granted,
                 events=g.events,
                 prediction_error_p50=percentile(self.scheduler.prediction_errors, 0.5),
                 uptime_s=(self._clock() - self.started_ns) / 1e9,

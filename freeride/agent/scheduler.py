@@ -134,6 +134,10 @@ class Scheduler:
         self.bubble_history: deque[_Bubble] = deque(maxlen=HISTORY_BUBBLES)
         self.window_history: deque[Window] = deque(maxlen=HISTORY_WINDOWS)
 
+    @property
+    def windows_granted(self) -> int:
+        return self._next_window - 1
+
     # -- trainer side ------------------------------------------------------------------------------
     def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
         self.gpu.events += 1

@@ -14,6 +14,8 @@ from typing import Any
 import psutil
 
 from freeride._stats import percentile
+from freeride.client import AgentClient
+from freeride.errors import FreerideError
 from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
@@ -39,6 +41,16 @@ def _flood(reporter: BubbleReporter, events: int) -> float:
     return time.monotonic() - t0
 
 
+def _finish(reporter: BubbleReporter, client: AgentClient, collector: WindowCollector) -> None:
+    """Close the trainer stream and wait until the agent has seen every event and accounted every
+    window it granted (a loaded machine may make it skip a bubble that arrived too late)."""
+    reporter.close()
+    try:
+        collector.wait_for_all(client, 60.0)
+    except TimeoutError as exc:
+        raise FreerideError(f"bench control: {exc}; is the machine overloaded?") from None
+
+
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     with AgentProcess() as agent, agent.client() as client:
         assert agent.proc is not None
@@ -49,7 +61,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         collector = WindowCollector(client)
         reporter = BubbleReporter(agent.target)
         if not reporter.wait_connected(10):
-            raise RuntimeError("the reporter could not connect to the agent")
+            raise FreerideError("bench control: the reporter could not connect to the agent")
         hook_ns: list[int] = []
         bubble_ns = int(ns.bubble_ms * 1e6)
         t = time.monotonic_ns()
@@ -65,22 +77,24 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             hook_ns += [b - a, d - c]
             t += int(ns.compute_ms * 1e6)
             sleep_until(t)
-        collector.wait_for(ns.bubbles, 5.0)
+        dropped = reporter.dropped
+        _finish(reporter, client, collector)
+        granted = len(collector.windows)
         stats = client.stats()
         rss_before = psutil.Process(agent.proc.pid).memory_info().rss
         flood_s = 0.0
         if ns.flood:
-            flood_s = _flood(reporter, ns.flood)
-            # A last bubble behind the flood: once its window is accounted, the agent has seen every event.
-            reporter.start(ns.bubbles + 1, expected_duration_ns=4 * bubble_ns)
-            sleep_until(time.monotonic_ns() + bubble_ns)
-            reporter.end(ns.bubbles + 1)
-            collector.wait_for(ns.bubbles + 1, 60.0)
+            # A second trainer stream: once it has ended, the agent has seen every event of the flood.
+            flooder = BubbleReporter(agent.target, rank=1)
+            if not flooder.wait_connected(10):
+                raise FreerideError("bench control: the flooding reporter could not connect to the agent")
+            flood_s = _flood(flooder, ns.flood)
+            dropped += flooder.dropped
+            _finish(flooder, client, collector)
         flood_stats = client.stats()
         rss_after = psutil.Process(agent.proc.pid).memory_info().rss
-        reporter.close()
         collector.close()
-    windows = collector.windows[: ns.bubbles]
+    windows = collector.windows[:granted]
     grants = grant_latencies_us(windows)
     revokes = [
         (w.shares[0].idle_ns - w.bubble_end_ns) / 1e3
@@ -93,7 +107,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "bubbles": ns.bubbles, "bubble_ms": ns.bubble_ms, "compute_ms": ns.compute_ms, "step_us": ns.step_us,
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
-        "windows": min(len(windows), ns.bubbles),
+        "windows": granted,  # fewer than bubbles: the agent skipped some (edges that came too late)
         "hook_us_p50": round(percentile(hooks, 0.5), 2),
         "hook_us_p99": round(percentile(hooks, 0.99), 2),
         "hook_us_max": round(max(hooks), 2) if hooks else 0.0,
@@ -103,7 +117,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "revoke_us_p99": round(percentile(revokes, 0.99), 1),
         "event_delay_us_p50": round(stats.gpu.event_delay_us_p50, 1),
         "event_delay_us_p99": round(stats.gpu.event_delay_us_p99, 1),
-        "dropped_by_reporter": reporter.dropped,
+        "dropped_by_reporter": dropped,
         "flood_events": ns.flood,
         "flood_events_per_s": round(ns.flood / flood_s) if flood_s else 0,
         "agent_rss_mb_before_flood": round(rss_before / 2**20, 1),

@@ -141,7 +141,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "memory")
+    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "windows_granted", "memory")
     GPU_FIELD_NUMBER: _ClassVar[int]
     BUBBLES_FIELD_NUMBER: _ClassVar[int]
     BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class GpuStats(_message.Message):
     EVENT_DELAY_US_P99_FIELD_NUMBER: _ClassVar[int]
     REJECTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_GRANTED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     bubbles: int
@@ -177,8 +178,9 @@ class GpuStats(_message.Message):
     event_delay_us_p99: float
     rejected_events: int
     trainer_free_memory_bytes: int
+    windows_granted: int
     memory: GpuMemory
-    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ...) -> None: ...
+    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ...) -> None: ...
 
 class GpuMemory(_message.Message):
     __slots__ = ("mode", "name", "uuid", "compute_mode", "mps", "total_bytes", "used_bytes", "free_bytes", "side_tasks_used_bytes", "side_tasks_reserved_bytes", "others_used_bytes", "trainer_peak_bytes", "usable_bytes", "headroom_bytes", "waiting_tasks")

@@ -20,11 +20,14 @@ def test_a_task_runs_steps_only_inside_bubbles_and_its_harvest_is_accounted(agen
     trace = bubbles(8, [15.0, 25.0])
     with WindowCollector(client) as windows:
         drive(agent, trace)
-        assert windows.wait_for(granted_windows(trace), 10)
+        granted = windows.wait_for_all(client)
     stats = client.stats()
     t = client.get(task.id)
     assert stats.gpu.bubbles == 16
-    assert t.counters.steps > 0 and t.counters.windows == granted_windows(trace)
+    # Every learned bubble gets a window; a busy machine may make the agent skip one (an edge that
+    # arrives too late to be worth a window), never more.
+    assert granted_windows(trace) - 1 <= granted <= granted_windows(trace)
+    assert t.counters.steps > 0 and t.counters.windows == granted == len(windows.windows)
     assert 0 < stats.gpu.harvested_s < stats.gpu.bubble_s  # how much is a benchmark's business, not a test's
     accounted_ns = sum(s.busy_ns - s.overrun_ns for w in windows.windows for s in w.shares)
     assert abs(t.counters.harvested_s - accounted_ns / 1e9) < 1e-6  # the ledger is the sum of its windows
@@ -49,7 +52,7 @@ def test_the_tail_of_a_bubble_goes_to_a_task_with_shorter_steps(agent, client):
     trace = bubbles(8, [30.0])
     with WindowCollector(client) as windows:
         drive(agent, trace)
-        assert windows.wait_for(granted_windows(trace), 10)
+        windows.wait_for_all(client)
     shared = [w for w in windows.windows if len(w.shares) == 2]
     assert shared, "no window was shared between the long-step task and the short-step task"
     for w in shared:
@@ -60,10 +63,13 @@ def test_the_tail_of_a_bubble_goes_to_a_task_with_shorter_steps(agent, client):
 def test_higher_priority_is_served_first(agent, client):
     high = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=50))
     low = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=1))
-    trace = bubbles(8, [20.0])
+    # 25 ms of compute between bubbles: time for the high task's worker to report its last window done
+    # before the next opens. A task still busy when a window opens is passed over (nothing waits for a
+    # worker), which a busy machine could otherwise turn into a window for the low task.
+    trace = bubbles(8, [20.0], compute_ms=25.0)
     with WindowCollector(client) as windows:
         drive(agent, trace)
-        assert windows.wait_for(granted_windows(trace), 10)
+        windows.wait_for_all(client)
     assert all(w.shares[0].task_id == high.id for w in windows.windows)
     assert client.get(high.id).counters.harvested_s > 5 * client.get(low.id).counters.harvested_s
 
@@ -74,7 +80,7 @@ def test_tasks_of_equal_priority_share_harvested_time_fairly(agent, client):
     trace = bubbles(12, [10.0, 10.0])
     with WindowCollector(client) as windows:
         drive(agent, trace)
-        assert windows.wait_for(granted_windows(trace), 10)
+        windows.wait_for_all(client)
     ha, hb = client.get(a.id).counters.harvested_s, client.get(b.id).counters.harvested_s
     assert ha > 0 and hb > 0
     assert max(ha, hb) / min(ha, hb) < 1.5
