@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -19,20 +18,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import psutil
-
 from freeride._stats import percentile
-from freeride.agent.admission import Admission, usable_bytes
 from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
 from freeride.agent.limits import check_spec
+from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, check_transition
 from freeride.agent.registry import Registry, RegistryWriteError
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
 from freeride.agent.workers import WorkerLauncher, WorkerProcess, describe_exit, last_log_line
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
-from freeride.gpu import GpuError, MemoryProbe
-from freeride.gpu.control import GpuControl, GpuSnapshot, cpu_only
+from freeride.gpu import MemoryProbe
+from freeride.gpu.control import GpuControl, cpu_only
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 log = logging.getLogger("freeride.agent")
@@ -62,12 +59,9 @@ class Agent:
         self._launcher = launcher
         self._clock = clock
         self.clock = clock
-        self.gpu_control = gpu if gpu is not None else cpu_only()
-        self._memory: MemoryProbe = memory if memory is not None else self.gpu_control.probe
-        self._gpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-gpu")  # MPS commands
-        self.admission = Admission()
+        gpu = gpu if gpu is not None else cpu_only()
+        self.memory = MemoryGuard(gpu, memory if memory is not None else gpu.probe, config.headroom_bytes)
         self._waiting: dict[str, str] = {}  # task id -> why it was being started, while it waits for memory
-        self._gpu_error = ""  # the last GPU query failure, logged once
         self._loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db")
         self._db_closed = False  # set once the final write is done: nothing may be scheduled on _db after
@@ -81,7 +75,6 @@ class Agent:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._subscribers: set[asyncio.Queue[tasks_pb2.AgentEvent]] = set()
         self.recent_windows: deque[tasks_pb2.WindowRecord] = deque(maxlen=1024)
-        self.memory_bytes: dict[str, int] = {}  # last sample per live worker, for /metrics
         self.trainers = 0
         self.dropped_events = 0
         self.rejected_events = 0
@@ -203,7 +196,7 @@ class Agent:
         if new.terminal or new is TaskState.PAUSED:
             self._waiting.pop(rec.id, None)
             if rec.id not in self.workers:
-                self.admission.release(rec.id)
+                self.memory.admission.release(rec.id)
         old, rec.state, rec.reason = rec.state, new, reason
         rec.updated_unix_s = time.time()
         log.info("task %s %s -> %s%s", rec.id, old.value, new.value, f" ({reason})" if reason else "")
@@ -227,17 +220,9 @@ class Agent:
         """The memory watchdog: a worker above its cap is stopped; training and other tasks are not touched."""
         if self.shutting_down:
             return
-        workers = list(self.workers.items())
-        try:
-            usage = self._memory.usage([w.pid for _, w in workers])
-        except GpuError as exc:
-            self._gpu_trouble(exc)
-            usage = {}
-        for task_id, worker in workers:
-            rec = self.records[task_id]
-            used = usage.get(worker.pid, 0)
+        for task_id, used in self.memory.sample({t: w.pid for t, w in self.workers.items()}).items():
+            rec, worker = self.records[task_id], self.workers[task_id]
             rec.memory_bytes = used
-            self.memory_bytes[task_id] = used
             rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
             cap = rec.spec.mem_limit_bytes
             if cap and used > cap and not worker.kill_reason:
@@ -249,25 +234,15 @@ class Agent:
             self._admit_waiting()  # the device's free memory may have grown without any event
         self._loop.call_later(self.config.memory_check_s, self._check_memory)
 
-    def _gpu_trouble(self, exc: GpuError) -> None:
-        if str(exc) != self._gpu_error:
-            self._gpu_error = str(exc)
-            log.error("GPU query failed: %s (memory caps are not enforced while this lasts)", exc)
-
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
         """What the resident side tasks may reserve in all (None: unbounded)."""
-        available = None
-        if self.gpu_control.device is not None:
-            try:
-                available = self.gpu_control.snapshot(w.pid for w in self.workers.values()).available_bytes
-            except GpuError as exc:
-                self._gpu_trouble(exc)
-        return usable_bytes(self.scheduler.trainer_free_memory_bytes, available, self.config.headroom_bytes)
+        return self.memory.usable_bytes([w.pid for w in self.workers.values()],
+                                        self.scheduler.trainer_free_memory_bytes)
 
     def _admit(self, rec: TaskRecord, start_reason: str) -> bool:
         """Reserve the task's cap, or park it with the reason visible in `freeride show`."""
-        why = self.admission.admit(rec.id, rec.spec.mem_limit_bytes, self.usable_bytes())
+        why = self.memory.admission.admit(rec.id, rec.spec.mem_limit_bytes, self.usable_bytes())
         if not why:
             self._waiting.pop(rec.id, None)
             return True
@@ -318,7 +293,7 @@ class Agent:
             saved = await self._flush()
         self._db_closed = True
         self._db.shutdown(wait=True)
-        self._gpu_pool.shutdown(wait=True)
+        self.memory.close()
         if not saved:
             log.error(
                 "could not write the final state to %s (%s): task states and harvest since the last successful "
@@ -338,7 +313,7 @@ class Agent:
         if self.shutting_down:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         _validate(spec)
-        check_spec(spec, self.device_total_bytes())
+        check_spec(spec, self.memory.device_total_bytes())
         checked = await _check_ref(spec)
         if spec.priority == 0 and checked.get("priority"):
             spec = dataclasses.replace(spec, priority=int(checked["priority"]))
@@ -411,16 +386,6 @@ class Agent:
         outbox.put_nowait(worker_pb2.AgentCommand(control=worker_pb2.Control(action=action)))
         return True
 
-    def device_total_bytes(self) -> int | None:
-        """Memory of the device that caps apply to, when known: the probe's, else the host's in CPU mode."""
-        device = self.gpu_control.device
-        if device is not None:
-            try:
-                return device.memory().total_bytes or None
-            except GpuError:
-                return None
-        return psutil.virtual_memory().total
-
     def stats(self) -> tasks_pb2.StatsResponse:
         g = self.scheduler.gpu
         delays = self.scheduler.event_delays_ns
@@ -450,29 +415,8 @@ class Agent:
         )
 
     def gpu_memory(self) -> tasks_pb2.GpuMemory:
-        """GPU telemetry for `freeride stats` and the metrics: the device, the workers, the trainer's share."""
-        snap: GpuSnapshot | None
-        try:
-            snap = self.gpu_control.snapshot(w.pid for w in self.workers.values())
-        except GpuError as exc:
-            self._gpu_trouble(exc)
-            snap = None
-        hint = self.scheduler.trainer_free_memory_bytes
-        usable = self.usable_bytes()
-        out = tasks_pb2.GpuMemory(
-            mode=self.gpu_control.mode, mps=self.gpu_control.mps_state().label,
-            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0,
-            side_tasks_reserved_bytes=self.admission.reserved_bytes,
-            usable_bytes=-1 if usable is None else usable, headroom_bytes=self.config.headroom_bytes,
-            waiting_tasks=len(self._waiting),
-        )
-        if snap is not None and snap.mode != "cpu":
-            out.name, out.uuid, out.compute_mode = snap.name, snap.uuid, snap.compute_mode
-            out.total_bytes, out.used_bytes, out.free_bytes = snap.total_bytes, snap.used_bytes, snap.free_bytes
-            out.others_used_bytes = snap.others_used_bytes
-            if hint > 0:
-                out.trainer_peak_bytes = max(0, snap.total_bytes - hint)
-        return out
+        return self.memory.telemetry([w.pid for w in self.workers.values()],
+                                     self.scheduler.trainer_free_memory_bytes, len(self._waiting))
 
     def timeline(self, since_ns: int) -> tasks_pb2.TimelineResponse:
         bubbles, windows = self.scheduler.timeline(since_ns)
@@ -513,23 +457,12 @@ class Agent:
             return
         self._set_state(rec, TaskState.STARTING, reason)
         self._instance += 1
-        env = self.gpu_control.client_env(os.environ, rec.spec.mem_limit_bytes, rec.spec.no_mps)
+        env = self.memory.client_env(rec.spec.mem_limit_bytes, rec.spec.no_mps)
         worker = await self._launcher.spawn(rec.id, self._instance, self._on_worker_exit, env=env)
         self.workers[rec.id] = worker
         rec.pid = worker.pid
-        self.gpu_control.client_started(worker.pid)
-        if self.gpu_control.stops_clients and not rec.spec.no_mps:
-            worker.before_kill = self._terminate_client
-
-    async def _terminate_client(self, pid: int) -> None:
-        """Cancel the worker's queued GPU work through MPS before its process is killed."""
-        try:
-            done = await self._loop.run_in_executor(self._gpu_pool, self.gpu_control.stop_client, pid)
-        except GpuError as exc:
-            log.warning("MPS terminate_client for worker %d failed: %s; killing it anyway", pid, exc)
-            return
-        for server, client in done:
-            log.info("MPS: terminated client %d of server %d before killing it", client, server)
+        if self.memory.client_started(worker.pid, rec.spec.no_mps):
+            worker.before_kill = self.memory.terminate_client
 
     def attach(
         self, task_id: str, instance: int, outbox: asyncio.Queue[worker_pb2.AgentCommand | None]
@@ -607,9 +540,8 @@ class Agent:
         if self.workers.get(worker.task_id) is not worker:
             return
         del self.workers[worker.task_id]
-        self.admission.release(worker.task_id)
+        self.memory.forget(worker.task_id)
         self._outboxes.pop(worker.task_id, None)
-        self.memory_bytes.pop(worker.task_id, None)
         self.scheduler.remove_task(worker.task_id)
         rec = self.records[worker.task_id]
         rec.pid = 0

@@ -52,7 +52,7 @@ def take_snapshot(agent: Agent) -> Snapshot:
     return Snapshot(
         stats=stats,
         bubble_lengths=agent.scheduler.bubble_lengths.copy(),
-        memory_bytes=dict(agent.memory_bytes),
+        memory_bytes=dict(agent.memory.used_bytes),
         task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
     )
