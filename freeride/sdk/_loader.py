@@ -32,6 +32,9 @@ def load_class(ref: str) -> type[IterativeTask] | type[ImperativeTask]:
             raise TaskRefError(f"cannot load {module_part!r} as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        folder = str(path.resolve().parent)  # as for `python file.py`: the file's own helpers import
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             spec.loader.exec_module(module)
         except Exception as exc:

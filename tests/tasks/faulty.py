@@ -12,9 +12,9 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from behaviours import Counter  # beside this file: task files import their neighbours
 
 from freeride import IterativeTask
 
@@ -86,7 +86,7 @@ class SlowOnce(IterativeTask):
         return self.count >= self.steps
 
 
-class Beacon(IterativeTask):
+class Beacon(Counter):
     """Counts 1 ms steps and writes each step's end (monotonic ns, 8 bytes) into a FIFO, never blocking.
 
     A test blocks on the FIFO to act while a step is running in a window, and reads when the
@@ -94,14 +94,12 @@ class Beacon(IterativeTask):
     """
 
     def __init__(self, fifo: str, step_ms: float = 1.0) -> None:
+        super().__init__(step_ms)
         self.fifo = fifo
-        self.step_s = step_ms / 1e3
-        self.count = 0
         self._fd: int | None = None
 
     def step(self) -> None:
-        time.sleep(self.step_s)
-        self.count += 1
+        super().step()
         try:
             if self._fd is None:
                 self._fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
@@ -110,12 +108,3 @@ class Beacon(IterativeTask):
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-
-    def progress(self) -> Mapping[str, float]:
-        return {"count": float(self.count)}
-
-    def state_dict(self) -> Mapping[str, Any]:
-        return {"count": self.count}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.count = int(state["count"])

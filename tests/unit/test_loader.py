@@ -85,6 +85,23 @@ def test_loads_a_class_from_a_file_reference(task_file: Path) -> None:
     assert cls.priority == 5
 
 
+def test_a_task_file_imports_modules_that_sit_beside_it(tmp_path: Path) -> None:
+    helper = f"helper_{uuid.uuid4().hex}"
+    (tmp_path / f"{helper}.py").write_text("STEP_MS = 7.0\n")
+    (tmp_path / "task.py").write_text(textwrap.dedent(f"""
+        from freeride import IterativeTask
+        from {helper} import STEP_MS
+
+        class Paced(IterativeTask):
+            step_ms = STEP_MS
+
+            def step(self) -> None:
+                pass
+    """))
+    cls = load_class(f"{tmp_path / 'task.py'}:Paced")
+    assert cls.step_ms == 7.0  # type: ignore[attr-defined]
+
+
 def test_loads_an_imperative_task_from_a_file(task_file: Path) -> None:
     cls = load_class(f"{task_file}:Loop")
     assert issubclass(cls, ImperativeTask)
