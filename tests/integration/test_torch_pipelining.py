@@ -7,6 +7,7 @@ theory.
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import threading
@@ -63,6 +64,21 @@ def close_to(measured: float, expected: float) -> bool:
     return abs(measured - expected) <= max(6.0, 0.2 * expected)
 
 
+def implied_bubbles_found(measured: list[float], expected: list[float]) -> bool:
+    """Every bubble the schedule implies is measured, in order, within tolerance; every other wait
+    is shorter than one forward (sends and bookkeeping: a busy runner stretches them by a few ms)."""
+
+    @functools.cache
+    def fits(i: int, j: int) -> bool:
+        if j == len(expected):
+            return all(x < F_MS for x in measured[i:])
+        if i == len(measured):
+            return False
+        return (close_to(measured[i], expected[j]) and fits(i + 1, j + 1)) or (measured[i] < F_MS and fits(i + 1, j))
+
+    return fits(0, 0)
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_schedule_reports_every_bubble_of_every_rank(
     schedule: str, shared_agents: Agents, tmp_path: Path
@@ -94,8 +110,7 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
         if schedule in SINGLE:
             expected = theory(schedule, r)
             typical = [statistics.median(ms(iters[it][slot]) for it in steady) for slot in range(len(shapes[1]))]
-            got = [x for x in typical if x > SIGNIFICANT_MS]
-            assert len(got) == len(expected) and all(map(close_to, got, expected)), (r, got, expected)
+            assert implied_bubbles_found(typical, expected), (r, typical, expected)
         # The agent of this rank saw every bubble (BETWEEN_STEPS edges are counted as events only).
         reported = sum(b["reported"] for v in iters.values() for b in v)
         gpu = agents.clients[r].stats().gpu
