@@ -55,8 +55,13 @@ class Demo:
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._stdout: list[str] = []
+        # One reader per pipe, and nothing else reads them (communicate() would race the stderr reader
+        # for the last lines).
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_stdout, daemon=True)]
+        for r in self._readers:
+            r.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -64,6 +69,10 @@ class Demo:
             self.stderr.append(line)
             self.lines.put(line)
         self.lines.put(None)
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        self._stdout.append(self.proc.stdout.read())
 
     def wait_for_line(self, text: str, timeout_s: float) -> str:
         while True:
@@ -73,9 +82,10 @@ class Demo:
                 return line
 
     def finish(self, timeout_s: float) -> tuple[int, str]:
-        stdout, _ = self.proc.communicate(timeout=timeout_s)
-        self._reader.join(timeout=5)
-        return self.proc.returncode, stdout
+        code = self.proc.wait(timeout=timeout_s)
+        for r in self._readers:
+            r.join(timeout=10)  # EOF once the demo and everything it started have closed the pipes
+        return code, "".join(self._stdout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
