@@ -54,6 +54,7 @@ class _Daemon:
         self.log = logd / "control.log"
         self.settings: dict[str, str] = {"active_thread_percentage": "100.0", "client_priority": "0"}
         self.running = True
+        self._stopped = False
 
     def record(self, line: str) -> None:
         with open(self.log, "a") as f:
@@ -100,15 +101,29 @@ class _Daemon:
                 with conn, conn.makefile("rw") as f:
                     for line in f:
                         if line.strip():
-                            f.write(self.handle(line.strip()) + "\n\x00\n")  # NUL line: end of this answer
+                            answer = self.handle(line.strip())
+                            if not self.running:
+                                self._stop(srv)  # before the answer: a `quit` that returned finds it stopped
+                            f.write(answer + "\n\x00\n")  # NUL line: end of this answer
                             f.flush()
                         if not self.running:
                             break
         finally:
-            srv.close()
-            sock_path.unlink(missing_ok=True)
-            (self.pipe / _PID_FILE).unlink(missing_ok=True)
-            self.record("daemon stopped")
+            self._stop(srv)
+
+    def _stop(self, srv: socket.socket) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        srv.close()
+        (self.pipe / "control").unlink(missing_ok=True)
+        (self.pipe / _PID_FILE).unlink(missing_ok=True)
+        self.record("daemon stopped")
+
+
+def read_log(logd: Path) -> list[str]:
+    """The commands the stand-in received and what it did, in order, without their timestamps."""
+    return [ln.split(" ", 1)[1] for ln in (logd / "control.log").read_text().splitlines()]
 
 
 def _running_pid(pipe: Path) -> int:

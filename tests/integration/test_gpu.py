@@ -8,13 +8,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import FAST, BackgroundTrainer, spec
 
+from freeride.gpu._fake_mps_control import read_log
 from freeride.gpu.mps import MpsControl
 from freeride.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
@@ -133,23 +133,15 @@ def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is
             with BackgroundTrainer(agent, [40.0]):
                 failed = wait_for_task(c, hog.id, [tasks_pb2.TASK_STATE_FAILED])
             assert failed.reason.startswith("memory_cap_exceeded")
-            control = [ln.split(" ", 1)[1] for ln in (logd / "control.log").read_text().splitlines()]
+            control = read_log(logd)
             server = int(MpsControl(STAND_IN, pipe, logd).servers()[0])
             assert f"terminate_client {server} {pid}" in control
             assert f"terminated {pid} alive=1" in control  # MPS cancelled its GPU work before the SIGKILL
             assert c.get(trusted.id).state in LIVE  # the other clients are untouched
     finally:
         assert agent.stop() == 0
-    # It started the daemon, so it stops it. The daemon records its own stop after answering `quit`, so the
-    # line may land just after the agent exited: wait for it (30 s bounds a hang).
-    deadline = time.monotonic() + 30
-    while control_log(logd)[-1] != "daemon stopped" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert control_log(logd)[-2:] == ["quit", "daemon stopped"]
-
-
-def control_log(logd: Path) -> list[str]:
-    return [ln.split(" ", 1)[1] for ln in (logd / "control.log").read_text().splitlines()]
+    # It started the daemon, so it stops it (the daemon has stopped by the time it answers `quit`).
+    assert read_log(logd)[-2:] == ["quit", "daemon stopped"]
 
 
 def test_mps_use_without_a_daemon_refuses_to_start_with_one_line(tmp_path: Path, short_dir: Path) -> None:

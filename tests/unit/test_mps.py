@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from freeride.gpu._fake_mps_control import read_log
 from freeride.gpu.mps import Mps, MpsControl, MpsError, worker_env
 
 STAND_IN = f"{sys.executable} -m freeride.gpu._fake_mps_control"
@@ -26,10 +27,6 @@ def mps_dirs() -> Iterator[tuple[Path, Path]]:
             ctl.quit()
 
 
-def _log(log_dir: Path) -> list[str]:
-    return [ln.split(" ", 1)[1] for ln in (log_dir / "control.log").read_text().splitlines()]
-
-
 def test_start_launches_a_daemon_that_answers_and_quits_it_on_close(mps_dirs: tuple[Path, Path]) -> None:
     pipe, logd = mps_dirs
     mps = Mps("start", MpsControl(STAND_IN, pipe, logd))
@@ -39,7 +36,7 @@ def test_start_launches_a_daemon_that_answers_and_quits_it_on_close(mps_dirs: tu
     assert oct(pipe.stat().st_mode & 0o777) == "0o755"
     mps.close()
     assert not mps.control.alive()
-    assert _log(logd)[-2:] == ["quit", "daemon stopped"]
+    assert read_log(logd)[-2:] == ["quit", "daemon stopped"]
 
 
 def test_start_detects_a_running_daemon_uses_it_and_leaves_it_running(mps_dirs: tuple[Path, Path]) -> None:
@@ -53,7 +50,7 @@ def test_start_detects_a_running_daemon_uses_it_and_leaves_it_running(mps_dirs: 
     assert mps.state().label == "existing"
     mps.close()
     assert theirs.alive()  # not ours to quit
-    assert "quit" not in _log(logd)
+    assert "quit" not in read_log(logd)
 
 
 def test_use_without_a_daemon_fails_with_what_to_do(mps_dirs: tuple[Path, Path]) -> None:
@@ -81,8 +78,8 @@ def test_clients_are_listed_per_server_and_terminated_by_pid(mps_dirs: tuple[Pat
         assert mps.control.clients(server) == [client.pid]
         assert mps.stop_clients([outsider.pid]) == []
         assert mps.stop_clients([client.pid, outsider.pid]) == [(server, client.pid)]
-        assert f"terminate_client {server} {client.pid}" in _log(logd)
-        assert f"terminated {client.pid} alive=1" in _log(logd)
+        assert f"terminate_client {server} {client.pid}" in read_log(logd)
+        assert f"terminated {client.pid} alive=1" in read_log(logd)
     finally:
         for p in (client, outsider):
             p.kill()
