@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,13 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
 def client(agent: AgentProcess) -> Iterator[AgentClient]:
     with agent.client() as c:
         yield c
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def bubbles(iterations: int, bubble_ms: list[float], compute_ms: float = 2.0) -> list[list[Segment]]:

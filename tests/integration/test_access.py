@@ -18,8 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FAST, spec
-from test_metrics import free_port
+from conftest import FAST, free_port, spec
 
 from freeride.client import AgentClient
 from freeride.harness import AgentProcess

@@ -6,27 +6,19 @@ What a scrape shows is what `freeride stats` shows: the same ledger read at scra
 from __future__ import annotations
 
 import json
-import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST, bubbles, drive
+from conftest import FAST, bubbles, drive, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, list[Sample]]:
@@ -65,12 +57,9 @@ def test_a_scrape_shows_the_ledger_that_stats_shows_with_dcgm_style_labels(metri
                                                 name="sleeper"))
         wait_for_task(client, info.id, [READY])
         trace = bubbles(6, [8.0, 30.0])
-        drive(agent, trace)  # returns once the agent took every edge: the reporter's stream ended
-        # Quiet: every window accounted once the task holds none (READY, not RUNNING). A loaded runner may skip
-        # a window (an edge that arrives late), so this waits for idleness, not for a count of windows.
-        deadline = time.monotonic() + 30
-        while client.get(info.id).state != READY and time.monotonic() < deadline:
-            time.sleep(0.02)
+        with WindowCollector(client) as windows:
+            drive(agent, trace)
+            windows.wait_for_all(client)  # quiet: every window the agent granted is accounted
         before = client.stats()  # the watchdog samples memory every 0.25 s: bracket the scrape for its peak
         m = scrape(port)
         stats = client.stats()
