@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from conftest import FAST
 
 from freeride.bench.pipeline import PipelineConfig, launch
 from freeride.client import AgentClient
@@ -29,7 +30,6 @@ from freeride.v1 import tasks_pb2
 TAG = "FREERIDE_FAULT_TAG"
 TASKS = Path(__file__).parents[1] / "tasks"
 PIPELINE = PipelineConfig(schedule="1F1B", stages=2, microbatches=4, forward_ms=5.0, backward_ms=10.0, iterations=24)
-FAST = ["--restart-backoff-s", "0.05", "--hang-timeout-s", "1", "--checkpoint-interval-s", "0.05"]
 
 
 def ref(module: str, name: str) -> str:
@@ -173,11 +173,7 @@ def plain_run(out_dir: Path, config: PipelineConfig = PIPELINE) -> list[dict[str
 
 def node_agents(root: Path, ranks: int = 2) -> list[TaggedAgent]:
     """Tagged agents (not started), one per rank, sockets side by side in `root` where ranks look them up."""
-    procs = [tagged_agent(root / f"state{r}", gpu=r) for r in range(ranks)]
-    for p in procs:
-        p.socket = root / f"agent-gpu{p.gpu}.sock"
-        p.target = f"unix:{p.socket}"
-    return procs
+    return [tagged_agent(root / f"state{r}", gpu=r) for r in range(ranks)]  # socket: root/agent-gpuR.sock
 
 
 class Training:

@@ -89,8 +89,7 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
         for t in before.tasks:
             assert t.counters.harvested_s - 2 * FLUSH_S <= tasks_s[t.id]
 
-        second = tagged_agent(first.state_dir)
-        second.socket, second.target = first.socket, first.target
+        second = tagged_agent(first.state_dir)  # the same state dir, so the same socket
         second.start()
         ledger = Ledger()
         ledger.gpu_s.append(gpu_s)
@@ -172,8 +171,8 @@ def test_a_trainer_rank_dying_mid_bubble_closes_its_window_and_idles_the_workers
                 assert share.idle_ns < w.until_ns  # closed when the stream dropped, before the predicted end
             else:
                 assert share.idle_ns < gone_ns and max(steps, default=0) <= w.until_ns + STEP_SLACK_NS
-            # The agent noticed the stream dropped (hung: the window closed at its prediction, before the kill;
-            # the stream's end is announced by no event, so poll for it).
+            # The agent noticed the stream dropped and announced it (hung: the window closed at its prediction,
+            # before the kill).
             stats = wait_for_trainers(c, 0)
             assert stats.gpu.trainers == 0
             assert c.get(task.id).state == S.TASK_STATE_READY  # idle, holding no window
