@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -51,13 +51,11 @@ class SideTask:
 # robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 10 ms:
 # a CPU pipeline's bubbles are tens of milliseconds.
 _SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
-KMEANS = (SideTask("kmeans", "sidetasks.kmeans:KMeans", {"steps": "100000000", "seed": "{stage}"}),)
-BUNDLED = (
+SIDE_TASKS = (
     SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", **_SMALL_STEPS}),
     SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", **_SMALL_STEPS}),
     SideTask("thumbnails", "sidetasks.images:Thumbnails", {"out_dir": "{out}/thumbnails-stage{stage}", **_SMALL_STEPS}),
 )
-SIDE_TASKS = BUNDLED
 
 # Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
 _FULL = {"warmup": 4, "block": 8, "blocks": 6}
@@ -248,7 +246,7 @@ def run(plan: Plan, console: Console) -> dict[str, Any]:
         tasks = _submit(plan, clients, console)
         log(f"{sum(len(t) for t in tasks.values())} side-task workers ready, waiting for bubbles")
         collectors = [stack.enter_context(WindowCollector(c)) for c in clients]
-        run_cfg = PipelineConfig(**{**asdict(cfg), "socket_dir": str(root)})
+        run_cfg = replace(cfg, socket_dir=str(root))
         pipeline = PipelineRun(run_cfg, root / "pipeline", watch=True)
         stack.callback(pipeline.stop, 2.0)  # ranks keep no state worth waiting for
         pipeline.start()
@@ -260,6 +258,11 @@ def run(plan: Plan, console: Console) -> dict[str, Any]:
         except RuntimeError as exc:
             raise UsageError(f"the training run failed: {exc}") from None
         train_s = time.monotonic() - train_started
+        try:  # the ranks have exited: once their streams end, every window granted is accounted
+            for c, col in zip(clients, collectors, strict=True):
+                col.wait_for_all(c, 30.0)
+        except TimeoutError as exc:
+            raise UsageError(f"the agents did not account the last windows: {exc}") from None
         timelines = [c.timeline() for c in clients]
         stats = [c.stats() for c in clients]
         finals = {s: {name: clients[s].get(info.id) for name, info in ts.items()} for s, ts in tasks.items()}

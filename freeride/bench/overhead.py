@@ -132,7 +132,7 @@ def _run_config(ns: argparse.Namespace, mode: str, shape: dict[str, int], iterat
                     raise FreerideError(f"the trainer replay failed: {res.stderr.strip().splitlines()[-1:]}")
                 trainer = json.loads(res.stdout.strip().splitlines()[-1])
                 harvested_its = [i for i in range(iterations) if i % 2 == 1][_LEARN:]
-                collector.wait_for(sum(1 for b in trainer["bubbles"] if b[0] in harvested_its), 5.0)
+                collector.wait_for_all(client, 5.0)  # the replay has exited: its trainer stream is ending
                 windows = list(collector.windows)
             info = client.get(task.id)
     return _summarise(trainer, windows, harvested_its, info)

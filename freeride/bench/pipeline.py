@@ -298,8 +298,9 @@ class PipelineRun:
         try:
             for rank in range(self.world):
                 env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                           WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
-                           DS_ACCELERATOR="cpu" if self.cfg.device == "cpu" else os.environ.get("DS_ACCELERATOR", ""))
+                           WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+                if self.cfg.device == "cpu":
+                    env["DS_ACCELERATOR"] = "cpu"  # else DeepSpeed's own detection (an empty value is an error)
                 if self.cfg.socket_dir:
                     env["FREERIDE_SOCKET_DIR"] = self.cfg.socket_dir
                 fds = (write_fd,) if write_fd >= 0 and rank == self.world - 1 else ()
