@@ -8,6 +8,7 @@ to fail. Tasks without a declared cap reserve nothing (they are bounded only by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -30,12 +31,15 @@ class Admission:
     def reserved_bytes(self) -> int:
         return sum(self.reserved.values())
 
-    def admit(self, task_id: str, cap_bytes: int, usable: int | None) -> str:
-        """Reserve the cap and return "" if it fits, else the reason the task waits."""
+    def admit(self, task_id: str, cap_bytes: int, usable: Callable[[], int | None]) -> str:
+        """Reserve the cap and return "" if it fits, else the reason the task waits.
+
+        `usable` is asked only for a capped task not yet admitted: it may query the GPU."""
         if task_id in self.reserved:
             return ""
-        if usable is not None and cap_bytes > 0:
-            free = usable - self.reserved_bytes
+        limit = usable() if cap_bytes > 0 else None
+        if limit is not None:
+            free = limit - self.reserved_bytes
             if cap_bytes > free:
                 return f"waiting for memory: needs {_mib(cap_bytes)}, {_mib(max(0, free))} free for side tasks"
         self.reserved[task_id] = cap_bytes

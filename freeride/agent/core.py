@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -240,9 +241,10 @@ class Agent:
         return self.memory.usable_bytes([w.pid for w in self.workers.values()],
                                         self.scheduler.trainer_free_memory_bytes)
 
-    def _admit(self, rec: TaskRecord, start_reason: str) -> bool:
+    def _admit(self, rec: TaskRecord, start_reason: str,
+               usable: Callable[[], int | None] | None = None) -> bool:
         """Reserve the task's cap, or park it with the reason visible in `freeride show`."""
-        why = self.memory.admission.admit(rec.id, rec.spec.mem_limit_bytes, self.usable_bytes())
+        why = self.memory.admission.admit(rec.id, rec.spec.mem_limit_bytes, usable or self.usable_bytes)
         if not why:
             self._waiting.pop(rec.id, None)
             return True
@@ -261,10 +263,12 @@ class Agent:
 
     def _admit_waiting(self) -> None:
         """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
+        # One GPU query for the whole pass: workers start later (create_task), so the device is unchanged.
+        usable = functools.cache(self.usable_bytes)
         for task_id in sorted(self._waiting, key=lambda i: (-self.records[i].spec.priority, int(i))):
             rec = self.records[task_id]
             start_reason = self._waiting[task_id]
-            if self._admit(rec, start_reason):
+            if self._admit(rec, start_reason, usable):
                 self._loop.create_task(self._start_worker(rec, start_reason))
 
     async def shutdown(self) -> int:

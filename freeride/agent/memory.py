@@ -84,7 +84,7 @@ class MemoryGuard:
         except GpuError as exc:
             self.trouble(exc)
             snap = None
-        usable = self.usable_bytes(worker_pids, trainer_free_bytes)
+        usable = usable_bytes(trainer_free_bytes, snap.available_bytes if snap else None, self._headroom)
         out = tasks_pb2.GpuMemory(
             mode=self.gpu.mode, mps=self.gpu.mps_state().label,
             side_tasks_used_bytes=snap.workers_used_bytes if snap else 0,
