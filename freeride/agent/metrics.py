@@ -34,7 +34,8 @@ log = logging.getLogger("freeride.agent")
 
 _SNAPSHOT_TIMEOUT_S = 5.0
 _STATES = [n.removeprefix("TASK_STATE_") for n, _ in tasks_pb2.TaskState.items() if n != "TASK_STATE_UNSPECIFIED"]
-# Hook for the GPU layer: GpuStats fields read when the proto has them (first present name wins).
+
+
 @dataclass
 class Snapshot:
     """What one scrape shows, copied on the agent's loop."""

@@ -17,12 +17,11 @@ from rich.table import Table
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.cli import _agents, multi
-from freeride.cli.main import UsageError, absolute_ref, print_json
+from freeride.cli.main import UsageError, absolute_ref, message_dict, print_json
+from freeride.cli.multi import STATE_NAMES
 from freeride.cli.units import format_seconds, format_size, parse_size
 from freeride.client import AgentClient
 from freeride.v1 import tasks_pb2
-
-_STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
 
 
 # -- agent ----------------------------------------------------------------------------------------
@@ -157,13 +156,13 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     if ns.json:
         print_json(info)
     else:
-        print(f"submitted task {info.id} ({info.spec.name}): {_STATE_NAMES[info.state]}")
+        print(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
     return 0
 
 
 def cmd_ls(ns: argparse.Namespace) -> int:
     states = []
-    known = sorted(set(_STATE_NAMES.values()) - {"UNSPECIFIED"})
+    known = sorted(set(STATE_NAMES.values()) - {"UNSPECIFIED"})
     for name in ns.state:
         if name.upper() not in known:
             raise UsageError(f"unknown state {name!r}; one of {', '.join(known)}")
@@ -174,14 +173,14 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     with _client(ns) as c:
         tasks = c.list(states)
     if ns.json:
-        print_json([_dict(t) for t in tasks])
+        print_json([message_dict(t) for t in tasks])
         return 0
     table = Table(title=f"tasks on {ns.target}")
     for col in ("id", "name", "state", "prio", "steps", "harvested", "progress", "restarts", "reason"):
         table.add_column(col)
     for t in tasks:
         table.add_row(
-            t.id, t.spec.name, _STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
+            t.id, t.spec.name, STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
             format_seconds(t.counters.harvested_s), progress_text(t.progress), str(t.restarts), t.reason,
         )
     Console().print(table)
@@ -195,13 +194,13 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
         print_json(info)
         return 0
     if ns.action != "show":
-        print(f"task {info.id} ({info.spec.name}): {_STATE_NAMES[info.state]}")
+        print(f"task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
         return 0
     cnt = info.counters
     rows = [
         ("id", info.id), ("name", info.spec.name), ("task", info.spec.ref), ("kind", info.kind),
         ("args", " ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items())) or "-"),
-        ("state", _STATE_NAMES[info.state]), ("reason", info.reason or "-"),
+        ("state", STATE_NAMES[info.state]), ("reason", info.reason or "-"),
         ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
         ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps
                                                          else "MPS client when the agent runs MPS"),
@@ -246,7 +245,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
         stats = c.stats()
     g = stats.gpu
     if ns.json:
-        out = _dict(stats)
+        out = message_dict(stats)
         out["gpu"]["efficiency"] = g.harvested_s / g.bubble_s if g.bubble_s else 0.0
         for t, info in zip(out.get("tasks", []), stats.tasks, strict=True):
             t["counters"]["efficiency"] = info.counters.harvested_s / g.bubble_s if g.bubble_s else 0.0
@@ -270,7 +269,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     for t in stats.tasks:
         cnt = t.counters
         tt.add_row(
-            t.id, t.spec.name, _STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
+            t.id, t.spec.name, STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
             f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
             f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
             f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
@@ -296,12 +295,6 @@ def _memory_table(m: tasks_pb2.GpuMemory) -> Table:
     return t
 
 
-def progress_text(progress: Mapping[str, float]) -> str:
+def progress_text(progress: Mapping[str, float], limit: int | None = None) -> str:
     """A task's latest progress map (what its progress() returned), compact: 'accuracy=0.91 loss=0.32'."""
-    return " ".join(f"{k}={v:.4g}" for k, v in sorted(progress.items())) or "-"
-
-
-def _dict(msg: object) -> dict:
-    from google.protobuf.json_format import MessageToDict
-
-    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)  # type: ignore[arg-type]
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(progress.items())[:limit]) or "-"

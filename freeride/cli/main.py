@@ -121,10 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def message_dict(msg: Message) -> dict[str, Any]:
+    """A message as `--json` prints it: proto field names, every field present."""
+    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
 def print_json(obj: Message | dict[str, Any] | list[Any]) -> None:
-    if isinstance(obj, Message):
-        obj = MessageToDict(obj, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    print(json.dumps(obj, indent=2, sort_keys=True))
+    print(json.dumps(message_dict(obj) if isinstance(obj, Message) else obj, indent=2, sort_keys=True))
 
 
 def _fail(message: str) -> int:

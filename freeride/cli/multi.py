@@ -5,20 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
 from freeride.cli import _agents
-from freeride.cli.main import print_json
+from freeride.cli.main import message_dict, print_json
 from freeride.cli.units import format_seconds
 from freeride.v1 import tasks_pb2
 
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
-
-
-def as_dict(msg: Any) -> dict[str, Any]:
-    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
 def _ratio(num: float, den: float) -> float:
@@ -41,7 +36,7 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
     if ns.json:
         per_agent = []
         for target, s in rows:
-            d = as_dict(s)
+            d = message_dict(s)
             d["target"] = target
             d["gpu"]["efficiency"] = _ratio(s.gpu.harvested_s, s.gpu.bubble_s)
             per_agent.append(d)
@@ -86,7 +81,7 @@ def cmd_ls(ns: argparse.Namespace, agents: _agents.AgentSet, states: list[Any]) 
     if ns.json:
         out = []
         for target, t in rows:
-            d = as_dict(t)
+            d = message_dict(t)
             d["agent"] = target
             out.append(d)
         print_json(out)

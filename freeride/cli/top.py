@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from freeride.cli import _agents
+from freeride.cli.commands import progress_text
 from freeride.cli.main import UsageError
 from freeride.cli.multi import STATE_NAMES, totals
 from freeride.cli.units import format_seconds
@@ -45,11 +46,6 @@ def fetch(clients: list[AgentClient]) -> Frame:
         except grpc.RpcError:
             rows.append((c.target, None))
     return Frame(rows, time.time())
-
-
-def _progress(info: tasks_pb2.TaskInfo, limit: int = 3) -> str:
-    items = sorted(info.progress.items())[:limit]
-    return " ".join(f"{k}={v:.4g}" for k, v in items) or "-"
 
 
 def render(frame: Frame) -> Group:
@@ -84,7 +80,7 @@ def render(frame: Frame) -> Group:
             tasks.add_row(
                 str(g.gpu), t.id, t.spec.name, Text(state, style=_STATE_STYLE.get(state, "")),
                 f"{c.harvested_s:.2f}", str(c.steps), f"{c.overrun_steps} ({format_seconds(c.overrun_s)})",
-                _progress(t),
+                progress_text(t.progress, limit=3),
             )
     return Group(head, gpus, tasks)
 
