@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 from conftest import FAST
 
+from freeride.agent.model import Counters
+from freeride.agent.registry import Registry
 from freeride.bench.pipeline import PipelineConfig, launch
 from freeride.client import AgentClient
 from freeride.harness import AgentProcess
@@ -163,6 +165,15 @@ class BeaconReader:
     def close(self) -> None:
         os.close(self._r)
         os.close(self._keep)
+
+
+def durable(state_dir: Path) -> tuple[Counters, dict[str, float]]:
+    """What the state database holds: the GPU's ledger and each task's harvested seconds."""
+    reg = Registry(state_dir / "freeride.db")
+    try:
+        return reg.load_ledger(0), {r.id: r.counters.harvested_ns / 1e9 for r in reg.load()}
+    finally:
+        reg.close()
 
 
 @functools.cache

@@ -25,13 +25,13 @@ from fault_support import (
     assert_all_reaped,
     assert_no_tracebacks,
     assert_same_training,
+    durable,
     node_agents,
     plain_run,
     ref,
     tagged_agent,
 )
 
-from freeride.agent.registry import Registry
 from freeride.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2
 
@@ -43,15 +43,6 @@ STEP_SLACK_NS = 50_000_000  # a 1 ms step begun before `until` ends within this,
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return plain_run(tmp_path_factory.getbasetemp() / "plain")
-
-
-def durable(state_dir: Path) -> tuple[float, dict[str, float]]:
-    """What the state database holds: the GPU's and each task's harvested seconds."""
-    reg = Registry(state_dir / "freeride.db")
-    try:
-        return reg.load_ledger(0).harvested_ns / 1e9, {r.id: r.counters.harvested_ns / 1e9 for r in reg.load()}
-    finally:
-        reg.close()
 
 
 @pytest.mark.timeout(300)  # two trainings (one shared) and two agent starts on a loaded 2-core runner
@@ -83,7 +74,8 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
                 first.kill9()
         # Every worker of the dead agent saw its stream break, checkpointed and exited; nothing it forked lingers.
         assert_all_reaped(first.tag)
-        gpu_s, tasks_s = durable(first.state_dir)
+        ledger_before, tasks_s = durable(first.state_dir)
+        gpu_s = ledger_before.harvested_ns / 1e9
         # The durable ledger trails the live one by at most the last flush (harvest accrues at most 1 s per s).
         assert before.gpu.harvested_s - 2 * FLUSH_S <= gpu_s
         for t in before.tasks:

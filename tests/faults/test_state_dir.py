@@ -21,9 +21,8 @@ import grpc
 import psutil
 import pytest
 from conftest import BackgroundTrainer
-from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
+from fault_support import assert_all_reaped, assert_no_tracebacks, durable, ref, tagged_agent
 
-from freeride.agent.registry import Registry
 from freeride.harness import WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
@@ -85,15 +84,6 @@ def test_a_corrupt_database_stops_the_agent_with_one_line_and_is_left_untouched(
     assert not (tmp_path / "a.sock").exists()  # it never served
 
 
-def durable_harvest_s(state: Path) -> tuple[float, int]:
-    reg = Registry(state / "freeride.db")
-    try:
-        ledger = reg.load_ledger(0)
-        return ledger.harvested_ns / 1e9, ledger.windows
-    finally:
-        reg.close()
-
-
 def fill_disk(agent_pid: int, full: bool) -> None:
     """Every write to a regular file by the agent fails (EFBIG) from now on, or works again."""
     soft = 1 if full else psutil.RLIM_INFINITY  # the soft limit only: lowering the hard one could not be undone
@@ -116,7 +106,8 @@ def test_a_full_disk_keeps_bubbles_served_refuses_submissions_and_loses_nothing_
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "state database cannot be written" in err.value.details()
             during = c.stats()
-            durable_s, durable_windows = durable_harvest_s(agent.state_dir)
+            ledger, _ = durable(agent.state_dir)
+            durable_s, durable_windows = ledger.harvested_ns / 1e9, ledger.windows
             assert durable_windows < during.gpu.windows  # the disk really refused the ledger...
             assert during.gpu.harvested_s > durable_s  # ...and the agent kept counting in memory
             assert [t.id for t in during.tasks] == [task.id]  # the refused submission left no trace
@@ -124,7 +115,8 @@ def test_a_full_disk_keeps_bubbles_served_refuses_submissions_and_loses_nothing_
         last = during
         code = agent.stop()
         assert code == 0, agent.log_tail()
-        durable_s, durable_windows = durable_harvest_s(agent.state_dir)
+        ledger, _ = durable(agent.state_dir)
+        durable_s, durable_windows = ledger.harvested_ns / 1e9, ledger.windows
         assert durable_windows >= last.gpu.windows and durable_s >= last.gpu.harvested_s
         assert "writable again after" in agent.log_path.read_text()
         assert_no_tracebacks(agent)
