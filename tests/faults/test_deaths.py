@@ -92,9 +92,11 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
             after = ledger.sample(c)  # nothing that was durable is lost
             assert {t.id for t in after.tasks} == {t.id for t in before.tasks}
             assert {t.id: t.state for t in after.tasks}[paused.id] == S.TASK_STATE_PAUSED
-            with BackgroundTrainer(second, [20.0], rank=7):
-                beacon.next_step(30)  # the task steps again, from its checkpoint
-                beacon.next_step(10)
+            with WindowCollector(c) as windows:
+                with BackgroundTrainer(second, [20.0], rank=7):
+                    beacon.next_step(30)  # the task steps again, from its checkpoint
+                    beacon.next_step(10)
+                windows.wait_for_all(c)  # its step reports reached the agent (they precede each window's end)
             resumed = c.get(stepping.id)
             ledger.sample(c)
         assert resumed.progress["count"] > back.checkpoint_steps > 0

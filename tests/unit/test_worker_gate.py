@@ -53,12 +53,11 @@ def test_a_window_revoked_before_the_worker_woke_is_reported_done_so_the_task_is
 
 def test_the_gate_closes_a_window_when_the_next_step_would_not_fit(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.writer.grant(1, time.monotonic_ns() + 50_000_000)
+    h.writer.grant(1, time.monotonic_ns() + 10**9)
     h.gate.acquire()
     start = time.monotonic_ns()
-    time.sleep(0.03)  # the step itself (30 ms of work), not synchronisation
-    h.gate.step_done(start, time.monotonic_ns())
-    waiter = h.acquire_in_background()  # another 30 ms step cannot fit the 20 ms left
+    h.gate.step_done(start, start + 2 * 10**9)  # a step that took 2 s (recorded, not slept: no clock race)
+    waiter = h.acquire_in_background()  # another such step cannot fit the second left
     assert h.window_done.wait(5)
     assert h.done() == [(1, pb.WINDOW_END_REASON_NO_FIT)]
     steps = [m.steps for m in h.sent if m.WhichOneof("body") == "steps"]
