@@ -129,6 +129,12 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
 
+    if cfg.device == "cpu":
+        import deepspeed.ops
+
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (g++, about a minute on two cores)
+        # on the first run in each environment. These runs never use it, so they go without it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(cfg.seed)
     layers = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(world)]
