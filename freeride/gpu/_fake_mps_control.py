@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 _PID_FILE = "nvidia-cuda-mps-control.pid"
+_CONTROL = "control"  # the daemon's socket in the pipe directory
 
 
 def _dirs() -> tuple[Path, Path]:
@@ -87,7 +88,7 @@ class _Daemon:
         return f"error: unknown command {cmd}"
 
     def serve(self) -> None:
-        sock_path = self.pipe / "control"
+        sock_path = self.pipe / _CONTROL
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -116,7 +117,7 @@ class _Daemon:
             return
         self._stopped = True
         srv.close()
-        (self.pipe / "control").unlink(missing_ok=True)
+        (self.pipe / _CONTROL).unlink(missing_ok=True)
         (self.pipe / _PID_FILE).unlink(missing_ok=True)
         self.record("daemon stopped")
 
@@ -149,7 +150,7 @@ def _start(pipe: Path, logd: Path) -> int:
 def _client(pipe: Path) -> int:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        s.connect(str(pipe / "control"))
+        s.connect(str(pipe / _CONTROL))
     except OSError:
         print("Cannot find MPS control daemon process", file=sys.stderr)
         return 1
