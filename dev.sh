@@ -64,6 +64,8 @@ case "$cmd" in
         "$VENV/bin/ruff" check freeride sidetasks tests tools
         echo "==> mypy" >&2
         "$VENV/bin/mypy"
+        echo "==> import contracts (pyproject.toml [tool.importlinter])" >&2
+        "$VENV/bin/lint-imports"
         echo "==> pytest" >&2
         set +e
         "$VENV/bin/python" -m pytest "$@"

@@ -4,6 +4,7 @@ The public surface for side-task authors and trainer integrations; everything el
 subpackages (`freeride.agent`, `freeride.trainer`, `freeride.cli`).
 """
 
+from freeride.core.version import __version__
 from freeride.errors import (
     AgentUnavailableError,
     FreerideError,
@@ -14,8 +15,6 @@ from freeride.errors import (
     TaskStop,
 )
 from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
-
-__version__ = "0.1.0"
 
 __all__ = [
     # errors

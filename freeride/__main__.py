@@ -1,5 +1,7 @@
+"""`python -m freeride`: the `freeride` command."""
+
 import sys
 
-from freeride.cli.main import main
+from freeride.main import main
 
 sys.exit(main())

@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from freeride._auth import token_interceptor
-from freeride.agent.config import default_socket
+from freeride.core.auth import token_interceptor
 from freeride.errors import AgentUnavailableError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc
-
-
-def agent_target(address: str | None = None, gpu: int = 0) -> str:
-    """A gRPC target: an explicit address (unix path, unix:..., host:port) or the GPU's default socket."""
-    if not address:
-        return f"unix:{default_socket(gpu)}"
-    if address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
-        return address
-    if address.startswith(("/", ".")) or address.endswith(".sock"):
-        return f"unix:{Path(address).absolute()}"
-    return address
-
 
 # gRPC waits 1 s (then longer) before retrying a connection; an agent that is still starting is
 # usually up within a few tens of ms, so retry sooner, and never wait long between tries.
@@ -36,7 +22,7 @@ _CHANNEL_OPTIONS = [
 
 
 class AgentClient:
-    """`token`: the agent's bearer token, needed over TCP (see freeride._auth.token_from)."""
+    """`token`: the agent's bearer token, needed over TCP (see freeride.core.auth.token_from)."""
 
     def __init__(self, target: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         self.target = target

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from freeride.bench.trace import Segment
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess, WindowCollector, replay, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, replay, wait_for_task
+from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -120,7 +120,7 @@ class Agents:
         for proc in self.procs:
             proc.start()
             client = proc.client()
-            task = client.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"}))
+            task = client.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"}))
             wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
             self.clients.append(client)
             self.collectors.append(WindowCollector(client))

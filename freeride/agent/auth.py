@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from freeride._auth import METADATA_KEY
+from freeride.core.auth import METADATA_KEY
 
 log = logging.getLogger("freeride.agent")
 

@@ -8,24 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from freeride.core.paths import default_socket
 from freeride.errors import FreerideError
 
 
 class ConfigError(FreerideError):
     """A configuration value is invalid; the message says which and what to use."""
-
-
-def default_runtime_dir() -> Path:
-    """Where sockets live: $FREERIDE_SOCKET_DIR, $XDG_RUNTIME_DIR/freeride, else /tmp/freeride-<uid>."""
-    explicit = os.environ.get("FREERIDE_SOCKET_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(base) / "freeride" if base else Path(f"/tmp/freeride-{os.getuid()}")
-
-
-def default_socket(gpu: int) -> Path:
-    return default_runtime_dir() / f"agent-gpu{gpu}.sock"
 
 
 @dataclass(frozen=True)

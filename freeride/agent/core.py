@@ -19,7 +19,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from freeride._stats import percentile
 from freeride.agent.config import AgentConfig
 from freeride.agent.convert import task_to_pb
 from freeride.agent.limits import check_spec
@@ -28,6 +27,7 @@ from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState, chec
 from freeride.agent.registry import Registry, RegistryWriteError
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot, TimerHandle
 from freeride.agent.workers import WorkerLauncher, WorkerProcess, describe_exit, last_log_line
+from freeride.core.stats import percentile
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.gpu import MemoryProbe
 from freeride.gpu.control import GpuControl, cpu_only

@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from freeride import __version__
 from freeride.agent.config import ConfigError
 from freeride.agent.histogram import Histogram
+from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ class TimerHandle(Protocol):
 
 
 class WindowPort(Protocol):
-    """How the scheduler reaches one worker's window word (see freeride._window)."""
+    """How the scheduler reaches one worker's window word (see freeride.core.window)."""
 
     def grant(self, window_id: int, until_ns: int) -> None: ...
     def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None: ...

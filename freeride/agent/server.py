@@ -16,17 +16,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from freeride._auth import read_token
 from freeride.agent import _systemd
 from freeride.agent.auth import TokenInterceptor
 from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
+from freeride.agent.doctor import log_failures
 from freeride.agent.registry import Registry
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
+from freeride.core.auth import read_token
 from freeride.gpu.control import GpuControl
-from freeride.gpu.doctor import log_failures
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")

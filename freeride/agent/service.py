@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from freeride import __version__
 from freeride.agent.convert import spec_from_pb, state_from_pb
 from freeride.agent.core import Agent
 from freeride.agent.limits import edge_ok, edge_problem
 from freeride.agent.wire import Malformed, reject
+from freeride.core.version import __version__
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 

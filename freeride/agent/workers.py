@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from freeride._window import WindowWriter
+from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
 

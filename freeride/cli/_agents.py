@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import grpc
 
-from freeride._auth import token_from
-from freeride.agent.config import default_runtime_dir
-from freeride.cli.main import UsageError
-from freeride.client import AgentClient, agent_target
+from freeride.cli.common import UsageError
+from freeride.client import AgentClient
+from freeride.core.auth import token_from
+from freeride.core.paths import agent_target, default_runtime_dir
 
 T = TypeVar("T")
 _NUMBER = re.compile(r"(\d+)")

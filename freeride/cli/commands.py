@@ -17,10 +17,10 @@ from rich.table import Table
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.cli import _agents, multi
-from freeride.cli.main import UsageError, absolute_ref, message_dict, print_json
+from freeride.cli.common import UsageError, absolute_ref, message_dict, print_json
 from freeride.cli.multi import STATE_NAMES
-from freeride.cli.units import format_seconds, format_size, parse_size
 from freeride.client import AgentClient
+from freeride.core.units import format_seconds, format_size, parse_size
 from freeride.v1 import tasks_pb2
 
 
@@ -120,7 +120,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from freeride.gpu.doctor import as_json, failed, format_line, run_checks
+    from freeride.agent.doctor import as_json, failed, format_line, run_checks
 
     checks = run_checks(agent_config(ns))
     if ns.json:
@@ -132,7 +132,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 
 # -- client commands ------------------------------------------------------------------------------
-def _client(ns: argparse.Namespace) -> AgentClient:
+def one_client(ns: argparse.Namespace) -> AgentClient:
     return _agents.one(ns)
 
 
@@ -151,7 +151,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     )
     if not 0 <= ns.priority <= 100:
         raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")
-    with _client(ns) as c:
+    with one_client(ns) as c:
         info = c.submit(spec)
     if ns.json:
         print_json(info)
@@ -170,7 +170,7 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     agents = _agents.resolve(ns)
     if agents.multi:
         return multi.cmd_ls(ns, agents, states)
-    with _client(ns) as c:
+    with one_client(ns) as c:
         tasks = c.list(states)
     if ns.json:
         print_json([message_dict(t) for t in tasks])
@@ -225,7 +225,7 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
 
 def cmd_health(ns: argparse.Namespace) -> int:
     """The standard gRPC health check, as a command: 0 SERVING, 1 anything else, 2 no agent answers."""
-    with _client(ns) as c:
+    with one_client(ns) as c:
         c.timeout_s = ns.timeout_s
         if ns.wait_s > 0:
             c.wait_ready(ns.wait_s)
@@ -241,7 +241,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     agents = _agents.resolve(ns)
     if agents.multi:
         return multi.cmd_stats(ns, agents)
-    with _client(ns) as c:
+    with one_client(ns) as c:
         stats = c.stats()
     g = stats.gpu
     if ns.json:

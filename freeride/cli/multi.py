@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from freeride.cli import _agents
-from freeride.cli.main import message_dict, print_json
-from freeride.cli.units import format_seconds
+from freeride.cli.common import message_dict, print_json
+from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
 
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}

@@ -20,10 +20,10 @@ from rich.text import Text
 
 from freeride.cli import _agents
 from freeride.cli.commands import progress_text
-from freeride.cli.main import UsageError
+from freeride.cli.common import UsageError
 from freeride.cli.multi import STATE_NAMES, totals
-from freeride.cli.units import format_seconds
 from freeride.client import AgentClient
+from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
 
 _MIN_REDRAW_S = 0.25

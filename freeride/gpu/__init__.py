@@ -6,7 +6,8 @@ memory so memory caps are enforced the same way on a machine without a GPU.
 
 from __future__ import annotations
 
-from freeride.gpu.device import Device, DeviceInfo, GpuError, MemoryInfo, NoGpuError, open_device
+from freeride.gpu.device import Device, DeviceInfo, GpuError, MemoryInfo, NoGpuError
+from freeride.gpu.open import open_device
 from freeride.gpu.probe import DeviceProbe, MemoryProbe, RssProbe
 
 __all__ = [

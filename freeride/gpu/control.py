@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeride.gpu.device import Device, GpuError, NoGpuError, open_device
+from freeride.gpu.device import Device, GpuError, NoGpuError
 from freeride.gpu.mps import Mps, MpsControl, MpsState, worker_env
+from freeride.gpu.open import open_device
 from freeride.gpu.probe import DeviceProbe, MemoryProbe, RssProbe, process_tree
 
 log = logging.getLogger(__name__)

@@ -61,13 +61,3 @@ class Device(Protocol):
 
     def close(self) -> None: ...
 
-
-def open_device(index: int, fake_spec: str = "") -> Device:
-    """The fake when a spec is given, else NVML; raises NoGpuError when there is no GPU to use."""
-    if fake_spec:
-        from freeride.gpu.fake import FakeDevice
-
-        return FakeDevice.from_spec(index, fake_spec)
-    from freeride.gpu.nvml import NvmlDevice
-
-    return NvmlDevice.open(index)

@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-from freeride.cli.units import parse_size
+from freeride.core.units import parse_size
 from freeride.errors import InvalidSpecError
 from freeride.gpu.device import COMPUTE_MODES, DeviceInfo, GpuError, MemoryInfo
 from freeride.gpu.probe import rss_bytes

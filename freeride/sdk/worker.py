@@ -1,7 +1,7 @@
 """The side-task worker process: `python -m freeride.sdk.worker --agent ADDR --task-id ID --instance N`.
 
 Spawned by the agent, one per task. It attaches over one bidirectional gRPC stream, receives
-bubble windows through the window word (freeride._window), and decides locally, before every
+bubble windows through the window word (freeride.core.window), and decides locally, before every
 step, whether the next step fits the window (no round trip per step). A reader thread turns
 agent commands (setup, pause, cancel) into state changes; the main thread runs the user's code
 and blocks on the wake-up pipes between windows.
@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from freeride._window import WindowReader
+from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop
 from freeride.sdk._estimate import StepEstimator
 from freeride.sdk._loader import bind_args, load_class

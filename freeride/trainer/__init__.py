@@ -1,5 +1,15 @@
-"""Trainer integrations: the generic reporter here, framework hooks in their own modules."""
+"""Trainer integrations: `connect()` and the generic reporter here, framework hooks in their own modules.
 
+    from freeride.trainer import connect
+    reporter = connect()            # this rank's agent: $FREERIDE_AGENT, else its GPU's socket
+    reporter.start(slot, kind)      # the training thread is about to wait
+    reporter.end(slot, kind)        # the wait is over
+
+The trainer side imports neither the agent nor the CLI: a training process loads only this
+package, the core utilities and the generated messages.
+"""
+
+from freeride.trainer._connect import agent_address, connect
 from freeride.trainer.reporter import BubbleReporter
 
-__all__ = ["BubbleReporter"]
+__all__ = ["BubbleReporter", "agent_address", "connect"]

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from freeride.errors import FreerideError
+from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory, stream_sync
 from freeride.trainer._waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
-from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
 TESTED_DEEPSPEED = ">=0.19,<0.20"

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory, stream_sync
 from freeride.trainer._waits import BWD, FWD, Instrumented, WaitTracker
-from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
 STEP_TIMER = "forward-backward"

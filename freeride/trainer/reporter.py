@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from freeride._auth import token_interceptor
+from freeride.core.auth import token_interceptor
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)

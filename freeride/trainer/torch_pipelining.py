@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from freeride.errors import FreerideError
+from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory, stream_sync
 from freeride.trainer._waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
-from freeride.trainer.connect import connect
 from freeride.trainer.reporter import BubbleReporter
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import pytest
 from deploy_files import DEPLOY, REPO
 
 from freeride.client import AgentClient
-from freeride.harness import wait_for_task
+from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
 
 SLURM = DEPLOY / "slurm"

@@ -24,9 +24,9 @@ from conftest import FAST
 
 from freeride.agent.model import Counters
 from freeride.agent.registry import Registry
-from freeride.bench.pipeline import PipelineConfig, launch
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess
+from freeride.tooling.bench.pipeline import PipelineConfig, launch
+from freeride.tooling.harness import AgentProcess
 from freeride.v1 import tasks_pb2
 
 TAG = "FREERIDE_FAULT_TAG"

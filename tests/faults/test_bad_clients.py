@@ -18,7 +18,7 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
-from freeride.harness import WindowCollector, wait_for_task, wait_for_trainers
+from freeride.tooling.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 S = tasks_pb2

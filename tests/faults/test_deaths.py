@@ -32,7 +32,7 @@ from fault_support import (
     tagged_agent,
 )
 
-from freeride.harness import WindowCollector, wait_for_task, wait_for_trainers
+from freeride.tooling.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -119,8 +119,8 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
 # a loaded runner.
 RANK = """
 import sys, time
-from freeride.bench.trace import Segment
-from freeride.harness import replay
+from freeride.tooling.trace import Segment
+from freeride.tooling.harness import replay
 from freeride.trainer.reporter import BubbleReporter
 reporter = BubbleReporter(sys.argv[1], rank=3)
 assert reporter.wait_connected(10)

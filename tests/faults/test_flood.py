@@ -25,8 +25,8 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
-from freeride._stats import percentile
-from freeride.harness import WindowCollector, grant_latencies_us, sleep_until, wait_for_task
+from freeride.core.stats import percentile
+from freeride.tooling.harness import WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc
 
 S = tasks_pb2

@@ -28,7 +28,7 @@ from fault_support import (
     wait_gone,
 )
 
-from freeride.harness import wait_for_info, wait_for_task
+from freeride.tooling.harness import wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2

@@ -23,7 +23,7 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import assert_all_reaped, assert_no_tracebacks, durable, ref, tagged_agent
 
-from freeride.harness import WindowCollector, wait_for_task
+from freeride.tooling.harness import WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2

@@ -21,7 +21,7 @@ import pytest
 from conftest import FAST, free_port, spec
 
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess
+from freeride.tooling.harness import AgentProcess
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc
 

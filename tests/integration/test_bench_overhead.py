@@ -32,7 +32,7 @@ def test_without_cuda_it_says_it_needs_a_gpu_in_one_line() -> None:
 def test_on_cpu_the_replay_runs_and_is_labelled_not_representative() -> None:
     # Stage 0 of 4 waits (p-1)(F+B) per iteration: bubbles of several ms even for this small block.
     res = _bench("--device", "cpu", "-p", "4", "-m", "4", "--stage", "0", "--hidden", "256", "--seq", "64",
-                 "--iterations", "10", "--side-task", "freeride.bench.tasks:SleepTask", "--side-arg", "step_ms=1")
+                 "--iterations", "10", "--side-task", "freeride.tooling.tasks:SleepTask", "--side-arg", "step_ms=1")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out.keys() >= KEYS

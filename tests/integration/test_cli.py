@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, TASKS, spec
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 
 from conftest import Agents
 
-from freeride.bench.pipeline import PipelineConfig, launch
+from freeride.tooling.bench.pipeline import PipelineConfig, launch
 from freeride.v1 import trainer_pb2
 
 P, M, F_MS, B_MS = 4, 4, 10.0, 20.0

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 from conftest import BackgroundTrainer, spec
 
-from freeride.harness import wait_for_task
+from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY, FAILED = tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_FAILED

@@ -16,7 +16,7 @@ from conftest import FAST, BackgroundTrainer, spec
 
 from freeride.gpu._fake_mps_control import read_log
 from freeride.gpu.mps import MpsControl
-from freeride.harness import AgentProcess, wait_for_info, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 GiB = 2**30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import bubbles, drive, granted_windows, spec
 
-from freeride.harness import WindowCollector, wait_for_task
+from freeride.tooling.harness import WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 from conftest import FAST, BackgroundTrainer, bubbles, drive, spec
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2

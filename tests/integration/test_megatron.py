@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from freeride.harness import AgentProcess
+from freeride.tooling.harness import AgentProcess
 from freeride.trainer.megatron import instrument
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import BackgroundTrainer, spec
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 MiB = 2**20

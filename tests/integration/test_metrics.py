@@ -15,7 +15,7 @@ from conftest import FAST, bubbles, drive, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from freeride.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
@@ -53,7 +53,7 @@ def metrics_agent(tmp_path: Path) -> Iterator[tuple[AgentProcess, int]]:
 def test_a_scrape_shows_the_ledger_that_stats_shows_with_dcgm_style_labels(metrics_agent):
     agent, port = metrics_agent
     with agent.client() as client:
-        info = client.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"},
+        info = client.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"},
                                                 name="sleeper"))
         wait_for_task(client, info.id, [READY])
         trace = bubbles(6, [8.0, 30.0])
@@ -108,7 +108,7 @@ def test_a_scrape_shows_the_ledger_that_stats_shows_with_dcgm_style_labels(metri
 def test_json_logs_have_one_parseable_line_per_lifecycle_event(metrics_agent):
     agent, _ = metrics_agent
     with agent.client() as client:
-        info = client.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"}))
+        info = client.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"}))
         wait_for_task(client, info.id, [READY])
         drive(agent, bubbles(1, [5.0]))
         client.cancel(info.id)

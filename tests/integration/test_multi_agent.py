@@ -17,7 +17,7 @@ import pytest
 from conftest import bubbles, drive
 from test_cli import _env, assert_usage_error, freeride
 
-from freeride.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
@@ -35,7 +35,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[A
         for gpu, p in enumerate(procs):
             with p.client() as c:
                 for name in names[gpu]:
-                    info = c.submit(tasks_pb2.TaskSpec(ref="freeride.bench.tasks:SleepTask", args={"step_ms": "1"},
+                    info = c.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"},
                                                        name=name))
                     wait_for_task(c, info.id, [READY])
         drive(procs[0], bubbles(4, [5.0]))

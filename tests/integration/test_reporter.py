@@ -14,7 +14,7 @@ import grpc
 import pytest
 from conftest import FAST, bubbles
 
-from freeride.harness import AgentProcess, replay
+from freeride.tooling.harness import AgentProcess, replay
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
 

@@ -14,7 +14,7 @@ from conftest import FAST, BackgroundTrainer, spec
 from test_cli import assert_usage_error, freeride
 
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY

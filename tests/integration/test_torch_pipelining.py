@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from conftest import Agents
 
-from freeride.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
-from freeride.bench.trace import simulate_iteration
+from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
+from freeride.tooling.trace import simulate_iteration
 from freeride.v1 import trainer_pb2
 
 P, M, F_MS, B_MS = 4, 4, 10.0, 20.0

@@ -12,7 +12,7 @@ from conftest import BackgroundTrainer
 from sidetask_harness import run, started
 
 from freeride.client import AgentClient
-from freeride.harness import wait_for_task
+from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
 from sidetasks.images import Thumbnails
 

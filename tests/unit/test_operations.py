@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from freeride._auth import TokenError, read_token
 from freeride.agent.auth import LogBudget
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.agent.histogram import Histogram
+from freeride.core.auth import TokenError, read_token
 
 
 def test_metrics_and_tcp_are_off_and_the_socket_is_owner_and_group_only_by_default() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from freeride.bench import trace
-from freeride.bench.trace import Segment
+from freeride.tooling import trace
+from freeride.tooling.trace import Segment
 
 P, M, F_MS, B_MS = 4, 4, 20.0, 40.0
 

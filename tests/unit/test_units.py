@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from freeride.cli.units import parse_size
+from freeride.core.units import parse_size
 from freeride.errors import InvalidSpecError
 
 

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from freeride._window import WindowReader, WindowWriter
+from freeride.core.window import WindowReader, WindowWriter
 from freeride.sdk._estimate import StepEstimator
 from freeride.sdk.worker import _Gate, _Shared
 from freeride.v1 import worker_pb2 as pb

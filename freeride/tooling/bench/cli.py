@@ -7,7 +7,7 @@ import json
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from freeride.bench import control, harvest, overhead, trainer
+    from freeride.tooling.bench import control, harvest, overhead, trainer
 
     c = sub.add_parser("control", help="control-path latency: hook cost, grant and revoke latency")
     control.add_args(c)

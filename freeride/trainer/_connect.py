@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
-from freeride._auth import TokenError, token_from
-from freeride.client import agent_target
+from freeride.core.auth import TokenError, token_from
+from freeride.core.paths import agent_target
 from freeride.trainer.reporter import BubbleReporter
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freeride._stats import percentile
-from freeride.bench import trace as tr
-from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
+from freeride.core.stats import percentile
+from freeride.tooling import trace as tr
+from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -64,7 +64,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     extra = ["--margin-ms", str(ns.margin_ms)] if ns.margin_ms is not None else []
     with AgentProcess(extra_args=extra) as agent, agent.client() as client:
         spec = tasks_pb2.TaskSpec(
-            name="synthetic", ref="freeride.bench.tasks:SleepTask",
+            name="synthetic", ref="freeride.tooling.tasks:SleepTask",
             args={"step_ms": str(ns.step_ms), "jitter_ms": str(ns.step_jitter_ms), "seed": str(ns.seed)},
         )
         task = client.submit(spec)

@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import grpc
 
-from freeride.bench.trace import Segment
 from freeride.client import AgentClient
 from freeride.errors import AgentUnavailableError
+from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 

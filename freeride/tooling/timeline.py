@@ -6,8 +6,9 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from freeride import timeline
-from freeride.cli.main import UsageError, print_json
+from freeride.cli.commands import one_client
+from freeride.cli.common import UsageError, print_json
+from freeride.tooling import plot
 
 
 def add_parser(sub: argparse._SubParsersAction, add_agent_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -20,22 +21,20 @@ def add_parser(sub: argparse._SubParsersAction, add_agent_args: Callable[[argpar
 
 
 def cmd_timeline(ns: argparse.Namespace) -> int:
-    from freeride.cli.commands import _client
-
     if ns.span_ms <= 0:
         raise UsageError(f"--span-ms must be positive, got {ns.span_ms:g}")
     if ns.out.suffix.lower() != ".png":
         raise UsageError(f"--out {ns.out} must name a .png file")
-    with _client(ns) as c:
+    with one_client(ns) as c:
         resp = c.timeline()
     if not resp.bubbles:
         raise UsageError(f"the agent at {ns.target} has recorded no bubbles yet: is an instrumented trainer reporting "
                          "to it? (see docs/demo.md)")
-    lanes = timeline.lanes_from_timeline(resp)
-    start_ns, end_ns = timeline.busiest_range(lanes, int(ns.span_ms * 1e6))
+    lanes = plot.lanes_from_timeline(resp)
+    start_ns, end_ns = plot.busiest_range(lanes, int(ns.span_ms * 1e6))
     steps = sum(len(s) for ln in lanes for s in ln.steps.values())
     title = f"Agent of GPU {resp.gpu} ({ns.target}): recent bubbles and side-task steps"
-    out = timeline.plot(lanes, ns.out, start_ns, end_ns, title)
+    out = plot.plot(lanes, ns.out, start_ns, end_ns, title)
     if ns.json:
         print_json({"out": str(out), "gpu": resp.gpu, "bubbles": len(resp.bubbles), "windows": len(resp.windows),
                     "steps": steps, "start_ns": start_ns, "end_ns": end_ns})

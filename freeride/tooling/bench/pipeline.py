@@ -3,9 +3,9 @@
 With `model="sleep"` each stage's compute is made deterministic in time (it sleeps F ms in
 forward and B ms in backward around a real Linear + tanh), so the bubbles a schedule implies
 are known: the trainer benchmark and the tests use it. With `model="transformer"` the stages
-are a small byte-level language model learning standard-library source (freeride.bench.lm):
+are a small byte-level language model learning standard-library source (freeride.tooling.bench.lm):
 real compute, for the demo. Run one rank with
-`python -m freeride.bench.pipeline --rank R --world P --config JSON --out FILE`.
+`python -m freeride.tooling.bench.pipeline --rank R --world P --config JSON --out FILE`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class PipelineConfig:
     block: int = 1  # iterations per block when alternating
     warmup: int = 0  # iterations run instrumented before the alternation starts (the agent learns slots)
     framework: str = "torch"  # or "deepspeed" (its PipelineEngine, 1F1B TrainSchedule)
-    model: str = "sleep"  # or "transformer" (freeride.bench.lm; forward_ms/backward_ms unused)
+    model: str = "sleep"  # or "transformer" (freeride.tooling.bench.lm; forward_ms/backward_ms unused)
     layers_per_stage: int = 2  # transformer only, as are heads and seq_len (dim is its width)
     heads: int = 4
     seq_len: int = 64
@@ -195,7 +195,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
     import torch.distributed as dist
     from torch.distributed import pipelining
 
-    from freeride.bench import lm
+    from freeride.tooling.bench import lm
 
     device = _device(cfg, rank)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
@@ -314,7 +314,8 @@ class PipelineRun:
                 log = open(self.out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed in wait()
                 self._logs.append(log)
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "freeride.bench.pipeline", "--rank", str(rank), "--world", str(self.world),
+                    [sys.executable, "-m", "freeride.tooling.bench.pipeline", "--rank", str(rank),
+                     "--world", str(self.world),
                      "--config", json.dumps(asdict(self.cfg)), "--out", str(self.out_dir / f"rank{rank}.json"),
                      *extra],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=fds,

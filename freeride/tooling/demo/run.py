@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -29,113 +27,15 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from freeride import demo_report
-from freeride.bench.pipeline import PipelineConfig, PipelineRun
-from freeride.cli.main import UsageError
+from freeride.cli.common import UsageError
 from freeride.client import AgentClient
-from freeride.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.tooling.bench.pipeline import PipelineRun
+from freeride.tooling.demo import report as demo_report
+from freeride.tooling.demo.plan import Plan, SideTask, make_plan
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SideTask:
-    name: str
-    ref: str
-    # "{out}" becomes the output dir, "{stage}" the stage, "{device}" cpu (or auto: the agent's GPU with --device cuda)
-    args: dict[str, str] = field(default_factory=dict)
-
-
-# The side tasks the demo can run. Each stage gets all of SIDE_TASKS (--placement all) or one of them, round
-# robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 10 ms:
-# a CPU pipeline's bubbles are tens of milliseconds.
-_SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
-SIDE_TASKS = (
-    SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", **_SMALL_STEPS}),
-    SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", **_SMALL_STEPS}),
-    SideTask("thumbnails", "sidetasks.images:Thumbnails", {"out_dir": "{out}/thumbnails-stage{stage}", **_SMALL_STEPS}),
-)
-
-# Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
-_FULL = {"warmup": 4, "block": 8, "blocks": 6}
-_QUICK = {"warmup": 3, "block": 3, "blocks": 4}
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="a short run (for tests and a first look)")
-    p.add_argument("--block", type=int, help="iterations per baseline or harvest block (default 8; quick 3)")
-    p.add_argument("--blocks", type=int, help="baseline and harvest blocks, alternating (even; default 6; quick 4)")
-    p.add_argument("--warmup", type=int, help="iterations before the first block, the agents learning bubbles")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages, one process and one agent each")
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--dim", type=int, default=128, help="transformer width")
-    p.add_argument("--layers-per-stage", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--microbatch-size", type=int, default=4)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where the stages train: cpu (gloo) or cuda (one GPU per stage, NCCL)")
-    p.add_argument("--placement", choices=["all", "spread"], default="all",
-                   help="every side task on every stage (default; ~3.5 GB), or one per stage round robin (~1.5 GB)")
-    p.add_argument("--worker-nice", type=int, default=19, choices=range(0, 20), metavar="0..19",
-                   help="CPU niceness of side-task workers in CPU mode (default 19: the CPU's low-priority stream; "
-                        "0: they compete with training as equals)")
-    p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the run does, fixed before it starts."""
-
-    pipeline: PipelineConfig
-    tasks: dict[int, list[SideTask]]  # stage -> its side tasks
-    out_dir: Path
-    worker_nice: int
-
-    def phase(self, iteration: int) -> str:
-        cfg = self.pipeline
-        if iteration < cfg.warmup:
-            return "warmup"
-        return "harvest" if cfg.instrumented(iteration) else "baseline"
-
-
-def make_plan(ns: argparse.Namespace) -> Plan:
-    missing = [m for m in ("torch", "matplotlib") if importlib.util.find_spec(m) is None]
-    if missing:  # said before anything starts, not after the run
-        raise UsageError(f"freeride demo needs {' and '.join(missing)}: pip install 'freeride[demo]'")
-    sizes = dict(_QUICK if ns.quick else _FULL)
-    for key in sizes:
-        if getattr(ns, key) is not None:
-            sizes[key] = getattr(ns, key)
-    if sizes["block"] < 1 or sizes["warmup"] < 0:
-        raise UsageError("--block must be at least 1 and --warmup at least 0")
-    if sizes["blocks"] < 2 or sizes["blocks"] % 2:
-        raise UsageError(f"--blocks must be even and at least 2 (baseline and harvest alternate): {sizes['blocks']}")
-    if not 2 <= ns.stages <= 8:
-        raise UsageError(f"--stages must be between 2 and 8, got {ns.stages}")
-    if ns.microbatches < 1 or ns.dim < 8 or ns.dim % 4 or ns.layers_per_stage < 1 or ns.seq_len < 8:
-        raise UsageError("model sizes must be positive: --microbatches >= 1, --dim a multiple of 4 >= 8, "
-                         "--layers-per-stage >= 1, --seq-len >= 8")
-    if ns.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: torch sees no CUDA GPU here; leave --device out to train on the CPU")
-    out_dir = ns.out or Path.cwd() / time.strftime("freeride-demo-%Y%m%d-%H%M%S")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UsageError(f"--out {out_dir} exists and is not empty; give a new directory")
-    cfg = PipelineConfig(
-        schedule="1F1B", stages=ns.stages, microbatches=ns.microbatches, model="transformer", dim=ns.dim,
-        layers_per_stage=ns.layers_per_stage, heads=4, seq_len=ns.seq_len, microbatch_size=ns.microbatch_size,
-        iterations=sizes["warmup"] + sizes["block"] * sizes["blocks"], warmup=sizes["warmup"], block=sizes["block"],
-        alternate=True, instrument=True, record=True, device=ns.device,
-    )
-    if ns.placement == "all":
-        tasks = {s: list(SIDE_TASKS) for s in range(ns.stages)}
-    else:
-        tasks = {s: [SIDE_TASKS[s % len(SIDE_TASKS)]] for s in range(ns.stages)}
-    return Plan(cfg, tasks, out_dir.absolute(), ns.worker_nice)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -304,9 +204,3 @@ def _follow(plan: Plan, pipeline: PipelineRun, collectors: list[WindowCollector]
 
 _PHASE_TEXT = {"baseline": "baseline (side tasks idle)", "harvest": "harvest (side tasks in bubbles)",
                "warmup": "warm-up (agents learn bubbles)", "done": "done"}
-
-
-if __name__ == "__main__":  # for `python -m freeride.demo` in a pinch
-    from freeride.cli.main import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from freeride.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
-from freeride.harness import AgentProcess
+from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
+from freeride.tooling.harness import AgentProcess
 
 _WARMUP = 2  # iterations left out: the first sets the pipeline up
 

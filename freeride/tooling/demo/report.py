@@ -1,4 +1,4 @@
-"""The demo's numbers: gather them from the ranks and agents, print them, draw the timeline."""
+"""The demo's numbers: gather them from the ranks and agents, print them, draw the plot."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from freeride import timeline
-from freeride._stats import percentile
-from freeride.cli.units import format_seconds
-from freeride.harness import WindowCollector, grant_latencies_us
-from freeride.trainer._waits import BETWEEN
-from freeride.v1 import tasks_pb2
+from freeride.core.stats import percentile
+from freeride.core.units import format_seconds
+from freeride.tooling import plot
+from freeride.tooling.harness import WindowCollector, grant_latencies_us
+from freeride.v1 import tasks_pb2, trainer_pb2
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from freeride.demo import Plan
+    from freeride.tooling.demo.plan import Plan
 
 _SHOWN_ITERATIONS = 3
 
@@ -174,7 +173,7 @@ def show(console: Console, r: dict[str, Any]) -> None:
     )
 
 
-def _shown_iterations(plan: Plan, ranks: list[dict[str, Any]], lanes: list[timeline.Lane]) -> range:
+def _shown_iterations(plan: Plan, ranks: list[dict[str, Any]], lanes: list[plot.Lane]) -> range:
     """The few consecutive harvest iterations in which side tasks ran longest: where there is most to see."""
     cfg = plan.pipeline
     starts = [i for i in range(cfg.warmup, cfg.iterations - _SHOWN_ITERATIONS + 1)
@@ -201,10 +200,11 @@ def _span(ranks: list[dict[str, Any]], shown: range) -> tuple[int, int]:
 def draw(plan: Plan, ranks: list[dict[str, Any]], timelines: list[tasks_pb2.TimelineResponse], out: Path) -> Path:
     lanes = []
     for s, (resp, rank) in enumerate(zip(timelines, ranks, strict=True)):
-        (lane,) = timeline.lanes_from_timeline(resp, label=f"stage {s}") or [timeline.Lane(f"stage {s}")]
+        (lane,) = plot.lanes_from_timeline(resp, label=f"stage {s}") or [plot.Lane(f"stage {s}")]
         lane.compute = [(a, a + int(ms * 1e6)) for a, ms in zip(rank["step_start_ns"], rank["step_ms"], strict=True)]
         if not lane.bubbles:  # the agent saw none: use the trainer's own record
-            lane.bubbles = [(b["start_ns"], b["end_ns"]) for b in rank["bubbles"] if b["kind"] != BETWEEN]
+            lane.bubbles = [(b["start_ns"], b["end_ns"]) for b in rank["bubbles"]
+                        if b["kind"] != trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS]
         lanes.append(lane)
     shown = _shown_iterations(plan, ranks, lanes)
     start_ns, end_ns = _span(ranks, shown)
@@ -212,4 +212,4 @@ def draw(plan: Plan, ranks: list[dict[str, Any]], timelines: list[tasks_pb2.Time
     cfg = plan.pipeline
     title = (f"{cfg.stages}-stage 1F1B pipeline training a byte-level transformer ({cfg.device.upper()}), "
              f"iterations {shown.start}-{shown[-1]} (harvest): side-task steps run only inside bubbles")
-    return timeline.plot(lanes, out, start_ns, end_ns, title, marks)
+    return plot.plot(lanes, out, start_ns, end_ns, title, marks)

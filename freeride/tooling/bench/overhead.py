@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freeride._stats import percentile
-from freeride.bench import trace as tr
+from freeride.core.stats import percentile
 from freeride.errors import FreerideError
-from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, wait_for_task
+from freeride.tooling import trace as tr
+from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, wait_for_task
 from freeride.v1 import tasks_pb2
 
 _LEARN = 2  # reported iterations the agent needs before it grants windows
@@ -50,7 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--layers", type=int, default=1, help="transformer blocks in this stage")
     p.add_argument("--iterations", type=int, default=0, help="training iterations (default 40 cuda, 10 cpu)")
-    p.add_argument("--side-task", default="freeride.bench.tasks:MatmulTask",
+    p.add_argument("--side-task", default="freeride.tooling.tasks:MatmulTask",
                    help="side task reference (e.g. sidetasks.cnn:DigitsResNet); default a synthetic matmul task")
     p.add_argument("--side-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="argument for the side task (repeatable); the synthetic task takes step_ms and size")
@@ -126,7 +126,7 @@ def _run_config(ns: argparse.Namespace, mode: str, shape: dict[str, int], iterat
             with WindowCollector(client) as collector:
                 plan = {"target": agent.target, "device": ns.device, "p": ns.stages, "m": ns.microbatches,
                         "stage": ns.stage, "iterations": iterations, **shape}
-                res = subprocess.run([sys.executable, "-m", "freeride.bench.overhead", json.dumps(plan)],
+                res = subprocess.run([sys.executable, "-m", "freeride.tooling.bench.overhead", json.dumps(plan)],
                                      env=env, capture_output=True, text=True, check=False)
                 if res.returncode != 0:
                     raise FreerideError(f"the trainer replay failed: {res.stderr.strip().splitlines()[-1:]}")

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from freeride.agent.config import AgentConfig
 from freeride.errors import FreerideError
-from freeride.gpu.device import Device, GpuError, NoGpuError, open_device
+from freeride.gpu.device import Device, GpuError, NoGpuError
 from freeride.gpu.mps import MpsControl
+from freeride.gpu.open import open_device
 
 log = logging.getLogger("freeride.agent")
 

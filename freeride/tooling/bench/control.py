@@ -13,10 +13,10 @@ from typing import Any
 
 import psutil
 
-from freeride._stats import percentile
 from freeride.client import AgentClient
+from freeride.core.stats import percentile
 from freeride.errors import FreerideError
-from freeride.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -55,7 +55,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     with AgentProcess() as agent, agent.client() as client:
         assert agent.proc is not None
         task = client.submit(
-            tasks_pb2.TaskSpec(name="noop", ref="freeride.bench.tasks:NoopTask", args={"step_us": str(ns.step_us)})
+            tasks_pb2.TaskSpec(name="noop", ref="freeride.tooling.tasks:NoopTask", args={"step_us": str(ns.step_us)})
         )
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
         collector = WindowCollector(client)

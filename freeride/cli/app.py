@@ -1,27 +1,26 @@
-"""The `freeride` command line. Configures logging; everything below it only uses loggers."""
+"""The product's commands (agent, submit, ls, ..., doctor, stats, top, health) and how they run.
+
+The `freeride` entry point (freeride.main) adds the tooling's commands (bench, demo, timeline) to
+these. Configures logging; everything below it only uses loggers.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 
+from freeride.cli import _agents, commands
+from freeride.cli import top as top_view
 from freeride.errors import FreerideError
 
 _AGENT_HINT = "start one with `freeride agent --gpu N --state-dir DIR` (or pass --agent ADDRESS)"
-
-
-class UsageError(FreerideError):
-    """Bad command-line input."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,18 +28,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _add_agent_args(p: argparse.ArgumentParser) -> None:
-    from freeride.cli import _agents
-
+def add_agent_args(p: argparse.ArgumentParser) -> None:
+    """The flags that pick the agent(s) a command talks to."""
     _agents.add_args(p)
     p.add_argument("--gpu", type=int, default=None,
                    help="GPU whose default agent socket to use when --agent is not given (env FREERIDE_GPU)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from freeride.cli import commands, timeline
+AddCommands = Callable[[argparse._SubParsersAction], None]
 
+
+def subcommands(p: argparse.ArgumentParser, dest: str) -> argparse._SubParsersAction:
+    """A command's own subcommands (e.g. `bench control`), with the CLI's one-line usage errors."""
+    return p.add_subparsers(dest=dest, required=True, parser_class=_Parser)
+
+
+def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
+    """The product's commands, then whatever `more` adds (the entry point adds the tooling's)."""
     parser = _Parser(prog="freeride", description="Run side tasks in the bubbles of pipeline-parallel training.")
     parser.add_argument("--log-level", default=os.environ.get("FREERIDE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=commands.cmd_agent)
 
     s = sub.add_parser("submit", help="submit a side task")
-    _add_agent_args(s)
+    add_agent_args(s)
     s.add_argument("ref", help="package.module:Class or path/to/file.py:Class")
     s.add_argument("args", nargs="*", metavar="key=value", help="arguments for the task's constructor")
     s.add_argument("--name", default="")
@@ -63,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=commands.cmd_submit)
 
     ls = sub.add_parser("ls", help="list tasks")
-    _add_agent_args(ls)
+    add_agent_args(ls)
     ls.add_argument("--state", action="append", default=[], help="only tasks in this state (repeatable)")
     ls.set_defaults(func=commands.cmd_ls)
 
@@ -74,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", "resume a paused task from its checkpoint"),
     ):
         p = sub.add_parser(name, help=helptext)
-        _add_agent_args(p)
+        add_agent_args(p)
         p.add_argument("task_id")
         p.set_defaults(func=commands.cmd_task_action, action=name)
 
@@ -87,47 +92,25 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=commands.cmd_doctor)
 
     st = sub.add_parser("stats", help="harvested GPU time per task and per GPU")
-    _add_agent_args(st)
+    add_agent_args(st)
     st.set_defaults(func=commands.cmd_stats)
 
     top = sub.add_parser("top", help="a live view of tasks and GPUs (Ctrl-C to quit)")
-    _add_agent_args(top)
+    add_agent_args(top)
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                      help="redraw at least this often (events redraw sooner; default 1)")
-    from freeride.cli import top as top_view
-
     top.set_defaults(func=top_view.cmd_top)
 
     h = sub.add_parser("health", help="exit 0 when the agent serves (for probes: systemd, Kubernetes, Slurm)")
-    _add_agent_args(h)
+    add_agent_args(h)
     h.add_argument("--timeout-s", type=float, default=5.0, help="give up after this long (default 5)")
     h.add_argument("--wait-s", type=float, default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=commands.cmd_health)
 
-    timeline.add_parser(sub, _add_agent_args)
-
-    b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
-    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
-    from freeride.bench import cli as bench_cli
-
-    bench_cli.add_parsers(bsub)
-
-    d = sub.add_parser("demo", help="the main demo: a real pipeline training a transformer, side tasks in its bubbles")
-    from freeride import demo
-
-    demo.add_args(d)
-    d.set_defaults(func=demo.cmd_demo)
+    if more is not None:
+        more(sub)
     return parser
-
-
-def message_dict(msg: Message) -> dict[str, Any]:
-    """A message as `--json` prints it: proto field names, every field present."""
-    return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
-def print_json(obj: Message | dict[str, Any] | list[Any]) -> None:
-    print(json.dumps(message_dict(obj) if isinstance(obj, Message) else obj, indent=2, sort_keys=True))
 
 
 def _fail(message: str) -> int:
@@ -154,8 +137,8 @@ def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> in
         return 130
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, more: AddCommands | None = None) -> int:
+    parser = build_parser(more)
     ns = parser.parse_args(argv)
     level = getattr(logging, str(ns.log_level).upper(), None)
     if not isinstance(level, int):
@@ -163,15 +146,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command != "agent":
         logging.basicConfig(level=max(level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     return run(ns.func, ns)
-
-
-def absolute_ref(ref: str) -> str:
-    """Make a file reference absolute: the agent resolves paths from its own directory."""
-    path, sep, cls = ref.rpartition(":")
-    if sep and path.endswith(".py"):
-        return f"{Path(path).absolute()}:{cls}"
-    return ref
-
-
-if __name__ == "__main__":
-    sys.exit(main())

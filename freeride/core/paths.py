@@ -1,0 +1,34 @@
+"""Where agents listen: the runtime directory, each GPU's default socket, and gRPC target strings.
+
+Shared by the agent (which binds the socket), the clients and the trainer side (which find it),
+so that none of them imports another's package for a path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_runtime_dir() -> Path:
+    """Where sockets live: $FREERIDE_SOCKET_DIR, $XDG_RUNTIME_DIR/freeride, else /tmp/freeride-<uid>."""
+    explicit = os.environ.get("FREERIDE_SOCKET_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(base) / "freeride" if base else Path(f"/tmp/freeride-{os.getuid()}")
+
+
+def default_socket(gpu: int) -> Path:
+    return default_runtime_dir() / f"agent-gpu{gpu}.sock"
+
+
+def agent_target(address: str | None = None, gpu: int = 0) -> str:
+    """A gRPC target: an explicit address (unix path, unix:..., host:port) or the GPU's default socket."""
+    if not address:
+        return f"unix:{default_socket(gpu)}"
+    if address.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return address
+    if address.startswith(("/", ".")) or address.endswith(".sock"):
+        return f"unix:{Path(address).absolute()}"
+    return address

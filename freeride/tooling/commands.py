@@ -1,0 +1,20 @@
+"""The tooling's commands in the `freeride` CLI: bench, demo, timeline."""
+
+from __future__ import annotations
+
+import argparse
+
+from freeride.cli.app import add_agent_args, subcommands
+from freeride.tooling import timeline
+from freeride.tooling.bench import cli as bench_cli
+from freeride.tooling.demo import plan as demo_plan
+from freeride.tooling.demo import run as demo_run
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    timeline.add_parser(sub, add_agent_args)
+    b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
+    bench_cli.add_parsers(subcommands(b, "bench"))
+    d = sub.add_parser("demo", help="the main demo: a real pipeline training a transformer, side tasks in its bubbles")
+    demo_plan.add_args(d)
+    d.set_defaults(func=demo_run.cmd_demo)
