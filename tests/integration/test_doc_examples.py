@@ -1,0 +1,138 @@
+"""Every Python example in README.md and docs/ runs, so a renamed function cannot leave the docs wrong.
+
+Each ```python block is classified by what it shows, and run the way a reader would use it:
+- a side task (a class deriving from IterativeTask or ImperativeTask) is written to a file, submitted
+  to a real agent and driven by a synthetic trainer until it is DONE;
+- the reporter example runs against a real agent (its example address replaced by the agent's),
+  and the agent counts the edges it sent;
+- the `connect()` example finds the agent through FREERIDE_AGENT and reports a bubble;
+- a trainer integration (it calls `instrument(...)` on objects a real job would have) has its
+  imports run and `instrument` checked to be a function: the integrations' own tests run them.
+A block that fits none of these fails the test: a new example needs a way to run here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BackgroundTrainer
+
+from freeride.client import AgentClient
+from freeride.tooling.harness import AgentProcess, wait_for_task, wait_for_trainers
+from freeride.v1 import tasks_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+_EXAMPLE_ADDRESS = re.compile(r'"unix:/run/user/1000/freeride/agent-gpu0\.sock"')
+
+
+def examples() -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in _BLOCK.finditer(text):
+            line = text[: m.start()].count("\n") + 1
+            out.append((f"{doc.relative_to(ROOT)}:{line}", m.group(1)))
+    return out
+
+
+def task_classes(code: str) -> list[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []  # reported by test_every_example_can_be_run_here
+    return [node.name for node in tree.body if isinstance(node, ast.ClassDef)
+            and any(getattr(b, "id", "") in ("IterativeTask", "ImperativeTask") for b in node.bases)]
+
+
+def kind(code: str) -> str:
+    if task_classes(code):
+        return "task"
+    if "BubbleReporter(" in code:
+        return "reporter"
+    if "connect()" in code:
+        return "connect"
+    if re.search(r"^handle = instrument\(", code, re.M):
+        return "integration"
+    return "unknown"
+
+
+EXAMPLES = examples()
+IDS = [where for where, _ in EXAMPLES]
+
+
+def test_the_docs_have_examples_of_each_kind():
+    kinds = {kind(code) for _, code in EXAMPLES}
+    assert {"task", "reporter", "connect", "integration"} <= kinds, kinds
+
+
+@pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=IDS)
+def test_every_example_can_be_run_here(where: str, code: str):
+    ast.parse(code)  # a syntax error in the docs fails here first
+    assert kind(code) != "unknown", f"{where}: no way to run this example; teach test_doc_examples.py one"
+
+
+TASKS = [(w, c) for w, c in EXAMPLES if kind(c) == "task"]
+
+
+@pytest.mark.parametrize(("where", "code"), TASKS, ids=[w for w, _ in TASKS])
+def test_a_side_task_example_runs_to_done_in_a_real_agent(where: str, code: str, tmp_path: Path,
+                                                        agent: AgentProcess, client: AgentClient):
+    path = tmp_path / "example_task.py"
+    path.write_text(code)
+    (cls,) = task_classes(code)
+    args = {"n": "300"} if "self.n" in code else {"items": "300"}
+    info = client.submit(tasks_pb2.TaskSpec(ref=f"{path}:{cls}", args=args))
+    with BackgroundTrainer(agent, [20.0, 20.0]):
+        done = wait_for_task(client, info.id, [tasks_pb2.TASK_STATE_DONE, tasks_pb2.TASK_STATE_FAILED], 60)
+    assert done.state == tasks_pb2.TASK_STATE_DONE, f"{where}: {done.reason}"
+    assert done.progress["done"] == 1.0 and done.checkpoint_steps > 0  # it stepped to the end and saved it
+
+
+def _only(k: str) -> str:
+    (code,) = [c for _, c in EXAMPLES if kind(c) == k]
+    return code
+
+
+def test_the_reporter_example_reports_its_bubbles_to_a_real_agent(agent: AgentProcess, client: AgentClient):
+    code = _only("reporter")
+    assert _EXAMPLE_ADDRESS.search(code), "the example's address changed: update this test"
+    ns: dict[str, Any] = {"rank": 0, "stage": 0, "slot": 3, "iterations": 50}
+    # "The wait": here, for the reporter's stream to be up, so that no edge is dropped after the first.
+    ns["wait"] = lambda: ns["reporter"].wait_connected(10)
+    exec(compile(_EXAMPLE_ADDRESS.sub(repr(agent.target), code), "README.md", "exec"), ns)
+    reporter = ns["reporter"]
+    reporter.close()
+    stats = wait_for_trainers(client, 0)  # the stream ended after its last edge was read
+    assert stats.gpu.events + reporter.dropped == 2 * 50
+    assert stats.gpu.events >= 2 * 50 - 1  # only the first START can precede the connection
+
+
+def test_the_connect_example_finds_the_agent_from_the_environment(agent: AgentProcess, client: AgentClient,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FREERIDE_AGENT", agent.target)
+    ns: dict[str, Any] = {"slot": 0}
+    ns["wait"] = lambda: ns["reporter"].wait_connected(10)
+    exec(compile(_only("connect"), "README.md", "exec"), ns)
+    reporter = ns["reporter"]
+    reporter.close()
+    stats = wait_for_trainers(client, 0)
+    assert stats.gpu.events + reporter.dropped == 2 and stats.gpu.events >= 1
+
+
+INTEGRATIONS = [(w, c) for w, c in EXAMPLES if kind(c) == "integration"]
+
+
+@pytest.mark.parametrize(("where", "code"), INTEGRATIONS, ids=[w for w, _ in INTEGRATIONS])
+def test_an_integration_example_imports_what_it_uses(where: str, code: str):
+    tree = ast.parse(code)
+    imports = ast.Module(body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[])
+    assert imports.body, f"{where}: the example imports nothing"
+    ns: dict[str, Any] = {}
+    exec(compile(imports, where, "exec"), ns)
+    assert callable(ns["instrument"]), f"{where}: instrument is not a function"
