@@ -39,7 +39,11 @@ log = logging.getLogger("freeride.worker")
 
 _REPORT_BATCH = 256
 _PROGRESS_EVERY_S = 1.0
-_CHECKPOINT_VERSION = 1
+_CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any other
+
+
+class _CheckpointFormatError(Exception):
+    """The task's checkpoint was written in a format this worker does not read."""
 
 
 class _Shared:
@@ -266,6 +270,8 @@ class Worker:
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
             resumed = self._restore()
+        except _CheckpointFormatError as exc:  # a retry would read the same file: fail once, say what to do
+            return self._fail(str(exc), retryable=False)
         except Exception as exc:
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
         self._out.put(
@@ -353,6 +359,13 @@ class Worker:
             return 0
         with open(path, "rb") as f:
             payload = pickle.load(f)
+        version = payload.get("version") if isinstance(payload, dict) else None
+        if version != _CHECKPOINT_VERSION:
+            raise _CheckpointFormatError(
+                f"checkpoint {path} is in format {version!r}, and this freeride reads format {_CHECKPOINT_VERSION}; "
+                "move the file away (it is kept) to start the task from scratch, or resume it with the freeride "
+                "that wrote it"
+            )
         self.task.load_state_dict(payload["state"])
         self.gate.total_steps = int(payload["steps"])
         self.gate.estimator.load(list(payload.get("step_samples_ns", [])))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import psutil
@@ -86,3 +87,15 @@ def test_a_bad_task_is_rejected_at_submit_and_nothing_is_created(client):
         client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, priority=101))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "priority" in err.value.details()
     assert client.list() == []
+
+
+def test_a_checkpoint_in_another_format_fails_the_task_once_saying_what_to_do_and_is_kept(agent, client):
+    # Written by a future freeride (format 99) before the task's first start: resuming from it would guess.
+    ckpt = agent.state_dir / "checkpoints" / "task-1.ckpt"
+    ckpt.write_bytes(pickle.dumps({"version": 99, "steps": 5, "state": {"count": 5}}))
+    task = client.submit(spec("Counter", steps=10))
+    assert task.id == "1"
+    failed = wait_for_task(client, task.id, [FAILED])
+    assert failed.restarts == 0  # not retried: a retry reads the same file
+    assert "format 99" in failed.reason and "move the file away" in failed.reason
+    assert pickle.loads(ckpt.read_bytes())["version"] == 99  # the user's file is untouched
