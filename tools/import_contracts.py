@@ -22,11 +22,15 @@ def _private(part: str) -> bool:
     return part.startswith("_") and not part.startswith("__")
 
 
-def _owner(parts: list[str]) -> str | None:
-    """The package that owns the first private part of a dotted name (None: nothing private)."""
+def _owner(parts: list[str], attribute: bool) -> str | None:
+    """The package that owns the first private part of a dotted name (None: nothing private).
+
+    A private module belongs to the package it sits in; a private attribute (`_name` in a module)
+    to the package of its module, so that modules of one package may share it."""
     for i, part in enumerate(parts):
         if _private(part):
-            return ".".join(parts[:i])
+            last = i == len(parts) - 1
+            return ".".join(parts[: i - 1] if attribute and last else parts[:i])
     return None
 
 
@@ -48,13 +52,14 @@ class PrivateImportsContract(Contract):
                 continue
             for imported in sorted(graph.find_modules_directly_imported_by(importer)):
                 for detail in graph.get_import_details(importer=importer, imported=imported):
-                    names = [imported.split(".")]
+                    names = [(imported.split("."), False)]
                     match = _FROM_IMPORT.match(detail["line_contents"])
                     if match:  # `from package.module import a, _b`: the names after import count too
-                        names += [[*match.group(1).split("."), n.split()[0]]
-                                  for n in match.group(2).split(",") if n.strip()]
-                    for parts in names:
-                        owner = _owner(parts)
+                        for name in (n.split()[0] for n in match.group(2).split(",") if n.strip()):
+                            dotted = f"{match.group(1)}.{name}"
+                            names.append((dotted.split("."), dotted not in graph.modules))
+                    for parts, attribute in names:
+                        owner = _owner(parts, attribute)
                         if owner is not None and not _inside(importer, owner):
                             broken.append({"importer": importer, "line": detail["line_number"],
                                            "text": detail["line_contents"].strip(), "owner": owner})
