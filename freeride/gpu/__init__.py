@@ -1,4 +1,4 @@
-"""The GPU layer: device queries (NVML or a fake), memory probes, MPS control and the doctor's checks.
+"""The GPU layer: device queries (NVML or a fake), memory probes and MPS control.
 
 CPU mode (no GPU, no driver) is a first-class mode: `RssProbe` measures a worker's resident
 memory so memory caps are enforced the same way on a machine without a GPU.
