@@ -14,6 +14,7 @@ import grpc
 import pytest
 from conftest import FAST, bubbles
 
+from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, replay
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
@@ -121,6 +122,34 @@ def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_
             assert c.stats().gpu.bubbles - before == 3
     finally:
         reporter.close()
+
+
+def test_while_connected_each_start_and_end_costs_microseconds_in_the_training_thread(
+    agent: AgentProcess, client: AgentClient
+) -> None:
+    # The connected path is the one training lives on: each call writes a ring slot and may wake the
+    # sender thread. Medians, not maxima: a loaded runner may preempt a few calls, never half of them.
+    reporter = BubbleReporter(agent.target)
+    starts_ns: list[int] = []
+    ends_ns: list[int] = []
+    try:
+        assert reporter.wait_connected(10)
+        for i in range(CALLS):  # 2 * CALLS edges: far fewer than the ring holds, so none may be dropped
+            t0 = time.perf_counter_ns()
+            reporter.start(i % 4)
+            t1 = time.perf_counter_ns()
+            reporter.end(i % 4)
+            t2 = time.perf_counter_ns()
+            starts_ns.append(t1 - t0)
+            ends_ns.append(t2 - t1)
+        reporter.close()  # flushes the queue
+    finally:
+        reporter.close()
+    assert reporter.dropped == 0 and reporter.sent == 2 * CALLS  # every call took the connected path
+    assert client.stats().gpu.events == 2 * CALLS
+    for hook, durations in (("start", starts_ns), ("end", ends_ns)):
+        median_us = sorted(durations)[len(durations) // 2] / 1e3
+        assert median_us < 200, f"{hook}() median {median_us:.0f} us while connected"
 
 
 def test_the_bubble_context_manager_reports_one_bubble_around_its_body(agent, client):
