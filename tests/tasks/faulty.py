@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -63,6 +64,35 @@ class ForksAndDies(IterativeTask):
         if self.how == "hang":
             time.sleep(3600)
         raise RuntimeError("died leaving children behind")
+
+
+class UnmarkedChild(IterativeTask):
+    """Starts a child in setup that only the kill of the worker's process group can reach.
+
+    The child clears its environment (so it carries no worker mark for the agent's /proc scan to
+    find) and stays in the worker's process group (no setsid). "<worker pid> <child pid>" goes into
+    `pidfile` before the task is READY. Then the task is done after its first step, or with
+    how="hang" hangs in that step.
+    """
+
+    def __init__(self, pidfile: str, how: str = "done") -> None:
+        self.pidfile = Path(pidfile)
+        self.how = how
+        self.steps = 0
+
+    def setup(self) -> None:
+        child = subprocess.Popen([shutil.which("sleep") or "/bin/sleep", "3600"], env={}, stdin=subprocess.DEVNULL)
+        tmp = self.pidfile.with_suffix(".tmp")
+        tmp.write_text(f"{os.getpid()} {child.pid}")
+        os.replace(tmp, self.pidfile)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.how == "hang":
+            time.sleep(3600)
+
+    def is_done(self) -> bool:
+        return self.steps >= 1
 
 
 class SlowOnce(IterativeTask):
