@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from freeride.agent.background import Background
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class WorkerProcess:
     log_path: Path
     window: WindowWriter
     mark: str = ""  # WORKER_MARK's value in its environment (and its descendants')
+    background: Background = field(default_factory=lambda: Background("worker stop"))  # owns _stop_then_kill
     kill_reason: str = ""
     failure: str = ""
     retryable: bool = True
@@ -52,7 +54,7 @@ class WorkerProcess:
         if self.before_kill is not None and not self.exited.is_set():
             if not self._stopping:
                 self._stopping = True
-                asyncio.get_running_loop().create_task(self._stop_then_kill(self.before_kill))
+                self.background.spawn(self._stop_then_kill(self.before_kill))
             return
         self._killpg()
 
@@ -61,7 +63,8 @@ class WorkerProcess:
             await asyncio.wait_for(hook(self.proc.pid), timeout=_BEFORE_KILL_S)
         except Exception as exc:  # a stuck or failing hook must not keep a worker alive
             log.warning("worker %d: stopping it cleanly failed (%s); killing it", self.proc.pid, exc)
-        self._killpg()
+        finally:  # cancelled too (the agent exiting): the kill happens regardless
+            self._killpg()
 
     def _killpg(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -73,7 +76,9 @@ class WorkerLauncher:
         self._target = agent_target
         self._log_dir = log_dir
         self._env = env
-        self._scans: set[asyncio.Future[list[str]]] = set()
+        self._stops = Background("worker stop")  # each worker's clean stop before its kill
+        self._watches = Background("worker watch")
+        self._watched: dict[asyncio.Task[None], WorkerProcess] = {}
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
@@ -107,14 +112,27 @@ class WorkerLauncher:
                 env=env,
             )
         window.close_child_end()
-        worker = WorkerProcess(task_id, instance, proc, log_path, window, mark=env[WORKER_MARK])
-        asyncio.get_running_loop().create_task(self._watch(worker, on_exit))
+        worker = WorkerProcess(task_id, instance, proc, log_path, window, mark=env[WORKER_MARK],
+                               background=self._stops)
+        watch = self._watches.spawn(self._watch(worker, on_exit), on_error=lambda _: self._watch_failed(worker))
+        self._watched[watch] = worker
+        watch.add_done_callback(lambda t: self._watched.pop(t, None))
         return worker
 
+    @staticmethod
+    def _watch_failed(worker: WorkerProcess) -> None:
+        """(Logged by its owner.) A worker whose exit can no longer be seen must not run on unwatched."""
+        if not worker.exited.is_set():
+            worker.kill("the agent lost track of it")
+
     async def settle(self) -> None:
-        """Wait until the processes of every exited worker are gone (before the agent exits)."""
-        if self._scans:
-            await asyncio.gather(*self._scans, return_exceptions=True)
+        """Before the agent exits: wait until every exited worker's processes are gone (its stop, its scan
+        for escaped processes); stop watching the workers that outlived the agent's grace period."""
+        await self._stops.wait()
+        exited = [t for t, w in self._watched.items() if w.exited.is_set()]
+        if exited:
+            await asyncio.wait(exited)
+        await self._watches.cancel()
 
     async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
@@ -126,12 +144,7 @@ class WorkerLauncher:
         on_exit(worker, code)
         # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark:
         # a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
-        scan = asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
-        self._scans.add(scan)
-        try:
-            escaped = await scan
-        finally:
-            self._scans.discard(scan)
+        escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
         if escaped:
             log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
                         worker.task_id, len(escaped), ", ".join(escaped))
