@@ -9,7 +9,6 @@ to fail. Tasks without a declared cap reserve nothing (they are bounded only by 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 
 def usable_bytes(trainer_free_bytes: int, device_available_bytes: int | None, headroom_bytes: int) -> int | None:
@@ -23,27 +22,14 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-@dataclass
-class Admission:
-    reserved: dict[str, int] = field(default_factory=dict)  # task id -> its cap, from admission to worker exit
+def admit(cap_bytes: int, reserved_bytes: int, usable: Callable[[], int | None]) -> str:
+    """"" if a task of this cap fits beside the caps already reserved, else the reason it waits.
 
-    @property
-    def reserved_bytes(self) -> int:
-        return sum(self.reserved.values())
-
-    def admit(self, task_id: str, cap_bytes: int, usable: Callable[[], int | None]) -> str:
-        """Reserve the cap and return "" if it fits, else the reason the task waits.
-
-        `usable` is asked only for a capped task not yet admitted: it may query the GPU."""
-        if task_id in self.reserved:
-            return ""
-        limit = usable() if cap_bytes > 0 else None
-        if limit is not None:
-            free = limit - self.reserved_bytes
-            if cap_bytes > free:
-                return f"waiting for memory: needs {_mib(cap_bytes)}, {_mib(max(0, free))} free for side tasks"
-        self.reserved[task_id] = cap_bytes
-        return ""
-
-    def release(self, task_id: str) -> None:
-        self.reserved.pop(task_id, None)
+    `usable` is asked only for a capped task: it may query the GPU. Each task's reservation is kept
+    with the task's runtime (freeride.agent.tasks), from admission until its worker exits."""
+    limit = usable() if cap_bytes > 0 else None
+    if limit is not None:
+        free = limit - reserved_bytes
+        if cap_bytes > free:
+            return f"waiting for memory: needs {_mib(cap_bytes)}, {_mib(max(0, free))} free for side tasks"
+    return ""

@@ -1,11 +1,34 @@
-"""The one place where protobuf messages and the agent's domain objects meet."""
+"""The one place where protobuf messages and the agent's domain objects meet.
+
+The servicers (service.py) and the metrics collector call these; nothing below them sees a
+message. `edge_from_pb` is on the bubble path: one NamedTuple construction per edge, nothing more.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.v1 import tasks_pb2
+from freeride.agent.events import (
+    AgentEvent,
+    BubbleSpan,
+    Checkpointed,
+    Control,
+    Edge,
+    Failed,
+    Finished,
+    Ready,
+    Steps,
+    TaskChanged,
+    TaskView,
+    WindowAccounted,
+    WindowDone,
+    WindowRecord,
+    WorkerMessage,
+    WorkerSetup,
+)
+from freeride.agent.model import Counters, TaskSpec, TaskState
+from freeride.agent.views import GpuMemory, History, Stats
+from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 # protobuf enum values are ints at run time; the generated stubs type them as their enum class.
 _STATE_TO_PB: dict[TaskState, Any] = {
@@ -61,8 +84,9 @@ def counters_to_pb(c: Counters, step_estimate_ns: int = 0, peak_memory_bytes: in
     )
 
 
-def task_to_pb(rec: TaskRecord, running: bool = False) -> tasks_pb2.TaskInfo:
-    state = TaskState.RUNNING if running and rec.state is TaskState.READY else rec.state
+def task_to_pb(view: TaskView) -> tasks_pb2.TaskInfo:
+    rec = view.record
+    state = TaskState.RUNNING if view.running and rec.state is TaskState.READY else rec.state
     return tasks_pb2.TaskInfo(
         id=rec.id,
         spec=spec_to_pb(rec.spec),
@@ -75,6 +99,131 @@ def task_to_pb(rec: TaskRecord, running: bool = False) -> tasks_pb2.TaskInfo:
         progress=rec.progress,
         checkpoint_steps=rec.checkpoint_steps,
         kind=rec.kind,
-        pid=rec.pid,
-        memory_bytes=rec.memory_bytes,
+        pid=view.pid,
+        memory_bytes=view.memory_bytes,
+    )
+
+
+# -- trainers --------------------------------------------------------------------------------------
+_START = trainer_pb2.BUBBLE_EDGE_START
+_BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
+
+
+def edge_from_pb(ev: trainer_pb2.BubbleEvent) -> Edge:
+    """An edge that limits.edge_ok accepted (its edge is START or END)."""
+    return Edge(ev.edge == _START, ev.kind != _BETWEEN_STEPS, ev.rank, ev.slot, ev.iteration, ev.time_ns,
+                ev.expected_duration_ns, ev.free_memory_bytes)
+
+
+# -- workers ---------------------------------------------------------------------------------------
+def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | None:
+    """None for a message that has no meaning after the hello (another hello, an empty body)."""
+    which = msg.WhichOneof("body")
+    if which == "steps":
+        s = msg.steps
+        return Steps(s.window_id, [(x.start_ns, x.duration_ns) for x in s.steps], dict(s.progress),
+                     s.peak_memory_bytes)
+    if which == "window_done":
+        d = msg.window_done
+        return WindowDone(d.window_id, d.idle_ns, d.step_estimate_ns)
+    if which == "ready":
+        return Ready(msg.ready.kind, msg.ready.resumed_steps, dict(msg.ready.progress))
+    if which == "checkpointed":
+        return Checkpointed(msg.checkpointed.steps, dict(msg.checkpointed.progress))
+    if which == "finished":
+        return Finished(dict(msg.finished.progress))
+    if which == "failed":
+        return Failed(msg.failed.reason, msg.failed.retryable)
+    return None
+
+
+_CONTROL_TO_PB = {Control.PAUSE: worker_pb2.CONTROL_ACTION_PAUSE, Control.CANCEL: worker_pb2.CONTROL_ACTION_CANCEL}
+
+
+def control_to_pb(control: Control) -> worker_pb2.AgentCommand:
+    return worker_pb2.AgentCommand(control=worker_pb2.Control(action=_CONTROL_TO_PB[control]))
+
+
+def setup_to_pb(setup: WorkerSetup) -> worker_pb2.AgentCommand:
+    return worker_pb2.AgentCommand(setup=worker_pb2.WorkerSetup(
+        task_ref=setup.task_ref,
+        args=setup.args,
+        checkpoint_path=setup.checkpoint_path,
+        checkpoint_interval_s=setup.checkpoint_interval_s,
+        mem_limit_bytes=setup.mem_limit_bytes,
+        window_file=setup.window_file,
+    ))
+
+
+# -- history and live events -----------------------------------------------------------------------
+def window_to_pb(w: WindowRecord) -> tasks_pb2.WindowRecord:
+    record = tasks_pb2.WindowRecord(
+        window_id=w.window_id, rank=w.rank, slot=w.slot, iteration=w.iteration, bubble_start_ns=w.bubble_start_ns,
+        bubble_end_ns=w.bubble_end_ns, until_ns=w.until_ns, predicted_ns=w.predicted_ns,
+    )
+    for s in w.shares:
+        share = record.shares.add(task_id=s.task_id, first_step_ns=s.first_step_ns, idle_ns=s.idle_since_ns,
+                                  steps=s.steps, busy_ns=s.busy_ns, overrun_ns=s.overrun_ns)
+        if s.step_spans:
+            share.step_spans.extend(tasks_pb2.StepSpan(start_ns=a, duration_ns=d) for a, d in s.step_spans)
+    return record
+
+
+def bubble_to_pb(b: BubbleSpan) -> tasks_pb2.BubbleSpan:
+    return tasks_pb2.BubbleSpan(rank=b.rank, slot=b.slot, iteration=b.iteration, start_ns=b.start_ns,
+                                end_ns=b.end_ns, predicted_ns=b.predicted_ns)
+
+
+def history_to_pb(h: History) -> tasks_pb2.TimelineResponse:
+    return tasks_pb2.TimelineResponse(
+        gpu=h.gpu, now_ns=h.now_ns, bubbles=[bubble_to_pb(b) for b in h.bubbles],
+        windows=[window_to_pb(w) for w in h.windows], tasks=[task_to_pb(t) for t in h.tasks],
+    )
+
+
+def event_to_pb(event: AgentEvent) -> tasks_pb2.AgentEvent:
+    if isinstance(event, TaskChanged):
+        return tasks_pb2.AgentEvent(time_ns=event.time_ns, task=task_to_pb(event.task))
+    if isinstance(event, WindowAccounted):
+        return tasks_pb2.AgentEvent(time_ns=event.time_ns, window=window_to_pb(event.record))
+    change = tasks_pb2.TrainerChange(connected=event.connected, peer=event.peer, trainers=event.trainers)
+    return tasks_pb2.AgentEvent(time_ns=event.time_ns, trainer=change)
+
+
+# -- stats -----------------------------------------------------------------------------------------
+def gpu_memory_to_pb(m: GpuMemory) -> tasks_pb2.GpuMemory:
+    return tasks_pb2.GpuMemory(
+        mode=m.mode, name=m.name, uuid=m.uuid, compute_mode=m.compute_mode, mps=m.mps, total_bytes=m.total_bytes,
+        used_bytes=m.used_bytes, free_bytes=m.free_bytes, side_tasks_used_bytes=m.side_tasks_used_bytes,
+        side_tasks_reserved_bytes=m.side_tasks_reserved_bytes, others_used_bytes=m.others_used_bytes,
+        trainer_peak_bytes=m.trainer_peak_bytes, usable_bytes=-1 if m.usable_bytes is None else m.usable_bytes,
+        headroom_bytes=m.headroom_bytes, waiting_tasks=m.waiting_tasks,
+    )
+
+
+def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:
+    g = stats.gpu
+    return tasks_pb2.StatsResponse(
+        gpu=tasks_pb2.GpuStats(
+            gpu=g.gpu,
+            bubbles=g.bubbles,
+            bubble_s=g.bubble_ns / 1e9,
+            harvested_s=g.harvested_ns / 1e9,
+            overrun_s=g.overrun_ns / 1e9,
+            overrun_steps=g.overrun_steps,
+            steps=g.steps,
+            windows=g.windows,
+            windows_granted=g.windows_granted,
+            events=g.events,
+            prediction_error_p50=g.prediction_error_p50,
+            uptime_s=g.uptime_ns / 1e9,
+            dropped_events=g.dropped_events,
+            rejected_events=g.rejected_events,
+            trainer_free_memory_bytes=g.trainer_free_memory_bytes,
+            trainers=g.trainers,
+            event_delay_us_p50=g.event_delay_ns_p50 / 1e3,
+            event_delay_us_p99=g.event_delay_ns_p99 / 1e3,
+            memory=gpu_memory_to_pb(g.memory),
+        ),
+        tasks=[task_to_pb(t) for t in stats.tasks],
     )

@@ -1,13 +1,11 @@
-"""Bounds on what callers may send: values outside them are mistakes or attacks, never workloads.
+"""Bounds on the bubble edges trainers send: values outside them are mistakes or attacks, never bubbles.
 
-Checked at the gRPC edge. A bad bubble edge is counted and dropped (a training stream is never
-ended for one bad edge); a bad task spec is refused with INVALID_ARGUMENT and a message.
+Checked at the gRPC edge, on the message itself. A bad edge is counted and dropped (a training
+stream is never ended for one bad edge). Task specs are bounded in freeride.agent.validation.
 """
 
 from __future__ import annotations
 
-from freeride.agent.model import TaskSpec
-from freeride.errors import InvalidSpecError
 from freeride.v1 import trainer_pb2
 
 # Bubble edges are stamped with this host's CLOCK_MONOTONIC just before they are sent: one from the
@@ -18,11 +16,6 @@ MAX_EXPECTED_BUBBLE_NS = 600 * 10**9  # a "bubble" of more than ten minutes is n
 MAX_FREE_MEMORY_BYTES = 1 << 50
 EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
-
-MAX_REF_CHARS = 4096
-MAX_ARGS = 256
-MAX_ARG_KEY_CHARS = 128
-MAX_ARG_VALUE_CHARS = 64 * 1024
 
 
 def edge_ok(ev: trainer_pb2.BubbleEvent, now_ns: int) -> bool:
@@ -51,24 +44,3 @@ def edge_problem(ev: trainer_pb2.BubbleEvent, now_ns: int) -> str:
     if not 0 <= ev.free_memory_bytes <= MAX_FREE_MEMORY_BYTES:
         return f"free_memory_bytes {ev.free_memory_bytes} is outside 0..{MAX_FREE_MEMORY_BYTES}"
     return f"unknown bubble kind {ev.kind}"
-
-
-def check_spec(spec: TaskSpec, device_total_bytes: int | None) -> None:
-    """Bounds beyond the basic ones in the agent core: sizes, and a cap the device can hold at all."""
-    if len(spec.ref) > MAX_REF_CHARS:
-        raise InvalidSpecError(f"the task reference is longer than {MAX_REF_CHARS} characters")
-    if len(spec.args) > MAX_ARGS:
-        raise InvalidSpecError(f"{len(spec.args)} task arguments; at most {MAX_ARGS} are accepted")
-    for key, value in spec.args.items():
-        if len(key) > MAX_ARG_KEY_CHARS:
-            raise InvalidSpecError(f"argument name {key[:32]!r}... is longer than {MAX_ARG_KEY_CHARS} characters")
-        if len(value) > MAX_ARG_VALUE_CHARS:
-            raise InvalidSpecError(
-                f"argument {key!r} is {len(value)} characters long; at most {MAX_ARG_VALUE_CHARS} "
-                "(pass a file path for bulk data)"
-            )
-    if device_total_bytes and spec.mem_limit_bytes > device_total_bytes:
-        raise InvalidSpecError(
-            f"memory cap {spec.mem_limit_bytes / 2**30:.1f} GiB is more than the device has "
-            f"({device_total_bytes / 2**30:.1f} GiB); lower --mem"
-        )

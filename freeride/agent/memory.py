@@ -1,12 +1,14 @@
-"""The agent's view of GPU memory: the device, each worker's use, the admission ledger, MPS clients.
+"""The agent's view of GPU memory: the device, each worker's use, the admission budget, MPS clients.
 
-Kept apart from the task lifecycle (core.py): this part speaks to the hardware layer
-(freeride.gpu) and says what the lifecycle should do about it; it never changes a task's state.
+Kept apart from the task lifecycle (supervisor.py): this part speaks to the hardware layer
+(freeride.gpu) and says what the lifecycle should do about it; it never changes a task's state
+and keeps nothing per task (reservations and samples live in the task table).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -14,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from freeride.agent.admission import Admission, usable_bytes
+from freeride.agent.admission import usable_bytes
+from freeride.agent.views import GpuMemory
 from freeride.gpu import GpuError, MemoryProbe
 from freeride.gpu.control import GpuControl, GpuSnapshot
-from freeride.v1 import tasks_pb2
 
 log = logging.getLogger("freeride.agent")
 
@@ -27,8 +29,6 @@ class MemoryGuard:
         self.gpu = gpu
         self._probe = probe
         self._headroom = headroom_bytes
-        self.admission = Admission()
-        self.used_bytes: dict[str, int] = {}  # last sample per live worker (task id), for /metrics
         self._error = ""  # the last GPU query failure, logged once
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-gpu")  # MPS commands
 
@@ -47,14 +47,7 @@ class MemoryGuard:
         except GpuError as exc:
             self.trouble(exc)
             usage = {}
-        sampled = {task_id: usage.get(pid, 0) for task_id, pid in workers.items()}
-        self.used_bytes.update(sampled)
-        return sampled
-
-    def forget(self, task_id: str) -> None:
-        """The task's worker is gone: its reservation and its last sample go with it."""
-        self.admission.release(task_id)
-        self.used_bytes.pop(task_id, None)
+        return {task_id: usage.get(pid, 0) for task_id, pid in workers.items()}
 
     def usable_bytes(self, worker_pids: Iterable[int], trainer_free_bytes: int) -> int | None:
         """What the resident side tasks may reserve in all (None: unbounded)."""
@@ -76,7 +69,8 @@ class MemoryGuard:
                 return None
         return psutil.virtual_memory().total
 
-    def telemetry(self, worker_pids: list[int], trainer_free_bytes: int, waiting: int) -> tasks_pb2.GpuMemory:
+    def telemetry(self, worker_pids: list[int], trainer_free_bytes: int, reserved_bytes: int,
+                  waiting: int) -> GpuMemory:
         """GPU telemetry for `freeride stats` and the metrics: the device, the workers, the trainer's share."""
         snap: GpuSnapshot | None
         try:
@@ -85,20 +79,18 @@ class MemoryGuard:
             self.trouble(exc)
             snap = None
         usable = usable_bytes(trainer_free_bytes, snap.available_bytes if snap else None, self._headroom)
-        out = tasks_pb2.GpuMemory(
+        side = GpuMemory(
             mode=self.gpu.mode, mps=self.gpu.mps_state().label,
-            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0,
-            side_tasks_reserved_bytes=self.admission.reserved_bytes,
-            usable_bytes=-1 if usable is None else usable, headroom_bytes=self._headroom,
-            waiting_tasks=waiting,
+            side_tasks_used_bytes=snap.workers_used_bytes if snap else 0, side_tasks_reserved_bytes=reserved_bytes,
+            usable_bytes=usable, headroom_bytes=self._headroom, waiting_tasks=waiting,
         )
-        if snap is not None and snap.mode != "cpu":
-            out.name, out.uuid, out.compute_mode = snap.name, snap.uuid, snap.compute_mode
-            out.total_bytes, out.used_bytes, out.free_bytes = snap.total_bytes, snap.used_bytes, snap.free_bytes
-            out.others_used_bytes = snap.others_used_bytes
-            if trainer_free_bytes > 0:
-                out.trainer_peak_bytes = max(0, snap.total_bytes - trainer_free_bytes)
-        return out
+        if snap is None or snap.mode == "cpu":
+            return side
+        return dataclasses.replace(
+            side, name=snap.name, uuid=snap.uuid, compute_mode=snap.compute_mode, total_bytes=snap.total_bytes,
+            used_bytes=snap.used_bytes, free_bytes=snap.free_bytes, others_used_bytes=snap.others_used_bytes,
+            trainer_peak_bytes=max(0, snap.total_bytes - trainer_free_bytes) if trainer_free_bytes > 0 else 0,
+        )
 
     # -- MPS clients -----------------------------------------------------------------------------
     def client_env(self, mem_limit_bytes: int, no_mps: bool) -> dict[str, str] | None:

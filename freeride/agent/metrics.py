@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from freeride.agent.config import ConfigError
+from freeride.agent.convert import stats_to_pb
 from freeride.agent.histogram import Histogram
 from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
@@ -49,11 +50,12 @@ class Snapshot:
 
 def take_snapshot(agent: Agent) -> Snapshot:
     """Run on the agent's loop: the copy is consistent and the loop's objects are never read from a thread."""
-    stats = agent.stats()
+    stats = stats_to_pb(agent.stats())
     return Snapshot(
         stats=stats,
         bubble_lengths=agent.scheduler.bubble_lengths.copy(),
-        memory_bytes=dict(agent.memory.used_bytes),
+        memory_bytes={i: rt.memory_bytes for i, rt in agent.table.live.items()
+                      if rt.worker is not None and rt.memory_bytes is not None},
         task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
     )
@@ -235,7 +237,9 @@ class MetricsServer:
         return self
 
     def stop(self) -> None:
+        """Stop serving (again: nothing)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)
+            self._server = None

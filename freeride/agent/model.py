@@ -103,5 +103,3 @@ class TaskRecord:
     checkpoint_steps: int = 0
     step_estimate_ns: int = 0
     peak_memory_bytes: int = 0
-    pid: int = 0
-    memory_bytes: int = 0  # at the watchdog's latest sample (not persisted)

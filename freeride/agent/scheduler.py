@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from freeride.agent.events import BubbleSpan, Edge, Share, Steps, WindowDone, WindowRecord
 from freeride.agent.histogram import Histogram
 from freeride.agent.model import Counters
 from freeride.agent.policy import Candidate, choose
 from freeride.agent.predictor import MarginController, SlotPredictor
-from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ _MIN_ERROR_BUBBLE_NS = 1_000_000  # relative errors of sub-millisecond bubbles s
 _MAX_SLOTS = 4096  # per agent; a runaway slot numbering must not grow memory without bound
 HISTORY_BUBBLES = 4096  # bubbles kept for `freeride timeline` (a few hundred iterations)
 HISTORY_WINDOWS = 512  # accounted windows kept with their steps (the steps make these the heavier ones)
-TIMELINE_MAX_STEPS = 50_000  # steps in one Timeline answer: about 1 MB
+HISTORY_MAX_STEPS = 50_000  # steps in one history answer (one Timeline message): about 1 MB
 # A task passed over this many times because its step estimate did not fit is offered a window
 # anyway: its worker re-checks (and drops a stale outlier from) its estimate instead of starving.
 _PROBE_AFTER = 16
@@ -64,7 +64,7 @@ class TaskSlot:
 class _Share:
     task_id: str
     steps: list[tuple[int, int]] = field(default_factory=list)
-    idle_ns: int = 0
+    idle_since_ns: int = 0  # the worker's clock when it reported WindowDone (an instant); 0: it never did
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Window:
     tried: set[str] = field(default_factory=set)
     shares: list[_Share] = field(default_factory=list)
     timer: TimerHandle | None = None
-    record: tasks_pb2.WindowRecord | None = None  # set when accounted
+    record: WindowRecord | None = None  # set when accounted
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Scheduler:
         clock: Clock,
         call_at: CallAt,
         config: SchedulerConfig,
-        on_account: Callable[[tasks_pb2.WindowRecord, dict[str, Counters], Counters], None],
+        on_account: Callable[[WindowRecord, dict[str, Counters], Counters], None],
         on_hang: Callable[[str, int], None],
     ) -> None:
         self._clock = clock
@@ -139,14 +139,14 @@ class Scheduler:
         return self._next_window - 1
 
     # -- trainer side ------------------------------------------------------------------------------
-    def on_bubble(self, ev: trainer_pb2.BubbleEvent) -> None:
+    def on_bubble(self, ev: Edge) -> None:
         self.gpu.events += 1
         self.event_delays_ns.append(self._clock() - ev.time_ns)
-        if ev.kind == trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS:
+        if not ev.harvestable:
             return  # optimizer and data loading may use the GPU: reported, never harvested
-        if ev.edge == trainer_pb2.BUBBLE_EDGE_START:
+        if ev.start:
             self._on_start(ev)
-        elif ev.edge == trainer_pb2.BUBBLE_EDGE_END:
+        else:
             self._on_end(ev)
 
     def _predictor(self, rank: int, slot: int) -> SlotPredictor:
@@ -160,7 +160,7 @@ class Scheduler:
             self._predictors.move_to_end(key)
         return p
 
-    def _on_start(self, ev: trainer_pb2.BubbleEvent) -> None:
+    def _on_start(self, ev: Edge) -> None:
         if ev.free_memory_bytes > 0:
             self.trainer_free_memory_bytes = ev.free_memory_bytes
         stale = self._bubbles.pop(ev.rank, None)
@@ -187,7 +187,7 @@ class Scheduler:
         w.timer = self._call_at(until, lambda: self._close(w, end_ns=0))
         self._dispatch(w)
 
-    def _on_end(self, ev: trainer_pb2.BubbleEvent) -> None:
+    def _on_end(self, ev: Edge) -> None:
         bubble = self._bubbles.get(ev.rank)
         if bubble is None or bubble.slot != ev.slot:
             return  # an END whose START we never saw (reconnect): nothing to learn from
@@ -304,16 +304,16 @@ class Scheduler:
             else:
                 self._maybe_account(w)
 
-    def on_steps(self, task_id: str, report: worker_pb2.StepReport) -> None:
+    def on_steps(self, task_id: str, report: Steps) -> None:
         w = self._windows.get(report.window_id)
         if w is None:
             return
         for share in reversed(w.shares):
             if share.task_id == task_id:
-                share.steps.extend((s.start_ns, s.duration_ns) for s in report.steps)
+                share.steps.extend(report.steps)
                 return
 
-    def on_window_done(self, task_id: str, done: worker_pb2.WindowDone) -> None:
+    def on_window_done(self, task_id: str, done: WindowDone) -> None:
         task = self.tasks.get(task_id)
         if task is None or task.window_id != done.window_id:
             return
@@ -328,7 +328,7 @@ class Scheduler:
             return
         for share in reversed(w.shares):
             if share.task_id == task_id:
-                share.idle_ns = done.idle_ns
+                share.idle_since_ns = done.idle_since_ns
                 break
         w.holder = ""
         if w.open:
@@ -349,16 +349,7 @@ class Scheduler:
             return  # closed at until; END still to come
         del self._windows[w.id]
         end = w.end_ns or (w.start_ns + w.predicted_ns)
-        record = tasks_pb2.WindowRecord(
-            window_id=w.id,
-            rank=w.rank,
-            slot=w.slot,
-            iteration=w.iteration,
-            bubble_start_ns=w.start_ns,
-            bubble_end_ns=end,
-            until_ns=w.until_ns,
-            predicted_ns=w.predicted_ns,
-        )
+        shares = []
         per_task: dict[str, Counters] = {}
         window_overrun = 0
         for share in w.shares:
@@ -377,14 +368,25 @@ class Scheduler:
             c.harvested_ns += busy - overrun
             c.overrun_ns += overrun
             window_overrun += overrun
-            record.shares.add(
+            shares.append(Share(
                 task_id=share.task_id,
                 first_step_ns=share.steps[0][0] if share.steps else 0,
-                idle_ns=share.idle_ns,
+                idle_since_ns=share.idle_since_ns,
                 steps=len(share.steps),
                 busy_ns=busy,
                 overrun_ns=overrun,
-            )
+            ))
+        record = WindowRecord(
+            window_id=w.id,
+            rank=w.rank,
+            slot=w.slot,
+            iteration=w.iteration,
+            bubble_start_ns=w.start_ns,
+            bubble_end_ns=end,
+            until_ns=w.until_ns,
+            predicted_ns=w.predicted_ns,
+            shares=tuple(shares),
+        )
         self.margin.on_window(window_overrun)
         w.record = record
         self.window_history.append(w)
@@ -397,14 +399,13 @@ class Scheduler:
         self._on_account(record, per_task, total)
 
     # -- history ---------------------------------------------------------------------------------
-    def timeline(
-        self, since_ns: int = 0, max_steps: int = TIMELINE_MAX_STEPS
-    ) -> tuple[list[tasks_pb2.BubbleSpan], list[tasks_pb2.WindowRecord]]:
+    def history(
+        self, since_ns: int = 0, max_steps: int = HISTORY_MAX_STEPS
+    ) -> tuple[list[BubbleSpan], list[WindowRecord]]:
         """The kept bubbles and accounted windows that end after `since_ns`; the newest windows'
         shares carry their steps, up to `max_steps` in all (the answer must fit one gRPC message)."""
         bubbles = [
-            tasks_pb2.BubbleSpan(rank=b.rank, slot=b.slot, iteration=b.iteration, start_ns=b.start_ns,
-                                 end_ns=b.end_ns, predicted_ns=b.predicted_ns or 0)
+            BubbleSpan(b.rank, b.slot, b.iteration, b.start_ns, b.end_ns, b.predicted_ns or 0)
             for b in self.bubble_history if b.end_ns > since_ns
         ]
         windows = []
@@ -412,12 +413,12 @@ class Scheduler:
         for w in reversed(self.window_history):
             if w.record is None or w.record.bubble_end_ns <= since_ns:
                 continue
-            record = tasks_pb2.WindowRecord()
-            record.CopyFrom(w.record)
-            for share_pb, share in zip(record.shares, w.shares, strict=True):
+            shares = []
+            for kept, share in zip(w.record.shares, w.shares, strict=True):
                 if len(share.steps) <= budget:
                     budget -= len(share.steps)
-                    share_pb.step_spans.extend(tasks_pb2.StepSpan(start_ns=a, duration_ns=d) for a, d in share.steps)
-            windows.append(record)
+                    kept = kept._replace(step_spans=share.steps)  # no longer written: the window is accounted
+                shares.append(kept)
+            windows.append(w.record._replace(shares=tuple(shares)))
         windows.reverse()
         return bubbles, windows

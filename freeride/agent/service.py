@@ -10,13 +10,26 @@ from typing import Any, TypeVar
 
 import grpc
 
-from freeride.agent.convert import spec_from_pb, state_from_pb
+from freeride.agent.convert import (
+    control_to_pb,
+    edge_from_pb,
+    event_to_pb,
+    history_to_pb,
+    setup_to_pb,
+    spec_from_pb,
+    state_from_pb,
+    stats_to_pb,
+    task_to_pb,
+    worker_message_from_pb,
+)
 from freeride.agent.core import Agent
+from freeride.agent.events import Control
 from freeride.agent.limits import edge_ok, edge_problem
+from freeride.agent.model import TaskRecord
 from freeride.agent.wire import Malformed, reject
 from freeride.core.version import __version__
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
-from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
+from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")
 
@@ -47,11 +60,14 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
+    def _info(self, rec: TaskRecord) -> tasks_pb2.TaskInfo:
+        return task_to_pb(self._agent.info(rec))
+
     @_status_errors
     async def Submit(self, request: tasks_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
         if not request.HasField("spec"):
             raise InvalidSpecError("SubmitRequest.spec is missing")
-        return self._agent.info(await self._agent.submit(spec_from_pb(request.spec)))
+        return self._info(await self._agent.submit(spec_from_pb(request.spec)))
 
     @_status_errors
     async def List(self, request: tasks_pb2.ListRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.ListResponse:
@@ -61,51 +77,51 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
             if state is None:
                 raise InvalidSpecError(f"unknown task state {value}")
             wanted.add(state)
-        infos = [self._agent.info(r) for r in self._agent.records.values() if not wanted or r.state in wanted]
+        infos = [self._info(r) for r in self._agent.records.values() if not wanted or r.state in wanted]
         return tasks_pb2.ListResponse(tasks=infos)
 
     @_status_errors
     async def Get(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
-        return self._agent.info(self._agent.get(request.id))
+        return self._info(self._agent.get(request.id))
 
     @_status_errors
     async def Cancel(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
-        return self._agent.info(await self._agent.cancel(request.id))
+        return self._info(await self._agent.cancel(request.id))
 
     @_status_errors
     async def Pause(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
-        return self._agent.info(await self._agent.pause(request.id))
+        return self._info(await self._agent.pause(request.id))
 
     @_status_errors
     async def Resume(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
-        return self._agent.info(await self._agent.resume(request.id))
+        return self._info(await self._agent.resume(request.id))
 
     @_status_errors
     async def Stats(
         self, request: tasks_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> tasks_pb2.StatsResponse:
-        return self._agent.stats()
+        return stats_to_pb(self._agent.stats())
 
     @_status_errors
     async def Timeline(
         self, request: tasks_pb2.TimelineRequest, context: grpc.aio.ServicerContext
     ) -> tasks_pb2.TimelineResponse:
-        return self._agent.timeline(request.since_ns)
+        return history_to_pb(self._agent.history(request.since_ns))
 
     async def Watch(self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext) -> None:
         # context.write rather than yield: a client that cancels while a write waits on its flow control fails
         # that write (ExecuteBatchError, before the call shows as cancelled); yielded, gRPC logs a traceback.
-        q = self._agent.subscribe()
+        q = self._agent.events.subscribe()
         try:
             while True:
-                event = await q.get()
+                event = event_to_pb(await q.get())
                 try:
                     await context.write(event)
                 except Exception as exc:  # a failed write means the stream is gone: nothing else to tell
                     log.debug("watch stream from %s ended: %r", context.peer(), exc)
                     return
         finally:
-            self._agent.unsubscribe(q)
+            self._agent.events.unsubscribe(q)
 
 
 class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
@@ -136,10 +152,10 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                                         "are only counted (rejected_events)", context.peer(), edge_problem(ev, now))
                         continue
                     ranks.add(ev.rank)
-                    agent.on_bubble(ev)
+                    agent.on_bubble(edge_from_pb(ev))
         finally:
             for rank in ranks:
-                agent.scheduler.trainer_gone(rank)
+                agent.trainer_gone(rank)
             agent.trainer_changed(False, context.peer())
             log.info("trainer disconnected (%s)", context.peer())
 
@@ -155,19 +171,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first worker message must be hello")
         hello = first.hello
-        outbox: asyncio.Queue[worker_pb2.AgentCommand | None] = asyncio.Queue()
+        outbox: asyncio.Queue[Control | None] = asyncio.Queue()
         try:
             setup = self._agent.attach(hello.task_id, hello.instance, outbox)
         except InvalidStateError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        await context.write(worker_pb2.AgentCommand(setup=setup))
+        await context.write(setup_to_pb(setup))
         reader = asyncio.ensure_future(self._read(context, hello.task_id, hello.instance, outbox))
         try:
             while True:
                 cmd = await outbox.get()
                 if cmd is None:
                     break
-                await context.write(cmd)
+                await context.write(control_to_pb(cmd))
         finally:
             reader.cancel()
             self._agent.detach(hello.task_id, hello.instance)
@@ -187,7 +203,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 if isinstance(msg, Malformed):
                     log.warning("task %s: %s; closing its stream", task_id, msg.describe())
                     break
-                self._agent.on_worker_message(task_id, instance, msg)
+                body = worker_message_from_pb(msg)
+                if body is not None:
+                    self._agent.on_worker_message(task_id, instance, body)
         except Exception:
             log.exception("worker stream for task %s failed", task_id)
         finally:

@@ -34,7 +34,7 @@ def test_a_task_that_keeps_failing_is_failed_with_the_exception_as_reason(agent,
     wait_for_task(client, task.id, [READY])
     with BackgroundTrainer(agent, [10.0]):
         info = wait_for_task(client, task.id, [FAILED], timeout_s=20)
-    assert info.restarts == 3
+    assert info.restarts == 2  # restarted twice, then given up: `restarts` counts restarts that happened
     assert "step() raised RuntimeError: boom" in info.reason
     assert "gave up after 2 restarts" in info.reason
     assert client.health() == 1  # SERVING: the agent is untouched

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from freeride.agent.events import Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.model import Counters
 from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot
-from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 MS = 1_000_000
 US = 1_000
@@ -59,7 +59,7 @@ class FakePort:
 
 @dataclass
 class Account:
-    record: tasks_pb2.WindowRecord
+    record: WindowRecord
     per_task: dict[str, Counters]
     total: Counters
 
@@ -105,39 +105,20 @@ class Harness:
         return port
 
     def steps(self, task_id: str, window_id: int, *steps: tuple[int, int]) -> None:
-        report = worker_pb2.StepReport(
-            window_id=window_id, steps=[worker_pb2.Step(start_ns=s, duration_ns=d) for s, d in steps]
-        )
-        self.sched.on_steps(task_id, report)
+        self.sched.on_steps(task_id, Steps(window_id, list(steps), {}, 0))
 
-    def done(
-        self,
-        task_id: str,
-        window_id: int,
-        reason: worker_pb2.WindowEndReason = worker_pb2.WINDOW_END_REASON_REVOKED,
-        idle_ns: int = 0,
-        step_estimate_ns: int = 0,
-    ) -> None:
-        self.sched.on_window_done(
-            task_id,
-            worker_pb2.WindowDone(
-                window_id=window_id, reason=reason, idle_ns=idle_ns, step_estimate_ns=step_estimate_ns
-            ),
-        )
+    def done(self, task_id: str, window_id: int, idle_since_ns: int = 0, step_estimate_ns: int = 0) -> None:
+        """The worker's WindowDone (why it went idle, the message's reason, is the worker's business)."""
+        self.sched.on_window_done(task_id, WindowDone(window_id, idle_since_ns, step_estimate_ns))
 
     # -- trainer
     def start(self, t: int, slot: int = 0, rank: int = 0, iteration: int = 0, hint: int = 0) -> None:
         self.now = t
-        self.sched.on_bubble(trainer_pb2.BubbleEvent(
-            edge=trainer_pb2.BUBBLE_EDGE_START, slot=slot, rank=rank, time_ns=t, iteration=iteration,
-            expected_duration_ns=hint,
-        ))
+        self.sched.on_bubble(Edge(True, True, rank, slot, iteration, t, expected_duration_ns=hint))
 
     def end(self, t: int, slot: int = 0, rank: int = 0, iteration: int = 0) -> None:
         self.now = t
-        self.sched.on_bubble(trainer_pb2.BubbleEvent(
-            edge=trainer_pb2.BUBBLE_EDGE_END, slot=slot, rank=rank, time_ns=t, iteration=iteration,
-        ))
+        self.sched.on_bubble(Edge(False, True, rank, slot, iteration, t))
 
     def learn(self, iterations: int = 2, length: int = LENGTH, rank: int = 0, slot: int = 0) -> int:
         """Run `iterations` full bubbles of one slot; return the start time of the next iteration."""
@@ -204,9 +185,7 @@ def test_no_grant_when_the_window_would_be_shorter_than_the_minimum(h: Harness) 
 def test_no_grant_when_the_start_edge_arrives_too_late(h: Harness) -> None:
     port = h.add("a")
     h.now = 10 * MS  # the event was delivered 9.9 ms after the edge; the window is as good as gone
-    h.sched.on_bubble(trainer_pb2.BubbleEvent(
-        edge=trainer_pb2.BUBBLE_EDGE_START, slot=0, rank=0, time_ns=100 * US, expected_duration_ns=LENGTH,
-    ))
+    h.sched.on_bubble(Edge(True, True, rank=0, slot=0, iteration=0, time_ns=100 * US, expected_duration_ns=LENGTH))
     assert port.calls == []
 
 
@@ -320,7 +299,7 @@ def test_accounting_waits_for_window_done_then_splits_harvest_at_the_end_edge(h:
     end = t + 8 * MS  # the bubble ended early
     h.end(end, iteration=2)
     assert h.accounts == []  # the holder has not reported WindowDone yet
-    h.done("a", 1, idle_ns=50 * US)
+    h.done("a", 1, idle_since_ns=t + 8 * MS + 50 * US)
 
     (acct,) = h.accounts
     c = acct.per_task["a"]
@@ -337,11 +316,11 @@ def test_account_record_describes_the_window_and_each_share(h: Harness) -> None:
     h.start(t, iteration=2)
     h.steps("a", 1, (t + 100 * US, 2 * MS), (t + 2100 * US, 2 * MS))
     h.end(t + LENGTH, iteration=2)
-    h.done("a", 1, idle_ns=70 * US)
+    h.done("a", 1, idle_since_ns=t + LENGTH + 70 * US)
 
     (acct,) = h.accounts
     rec = acct.record
-    assert isinstance(rec, tasks_pb2.WindowRecord)
+    assert isinstance(rec, WindowRecord)
     assert (rec.window_id, rec.rank, rec.slot, rec.iteration) == (1, 0, 0, 2)
     assert (rec.bubble_start_ns, rec.bubble_end_ns) == (t, t + LENGTH)
     assert rec.until_ns == t + LENGTH - MARGIN
@@ -349,7 +328,7 @@ def test_account_record_describes_the_window_and_each_share(h: Harness) -> None:
     (share,) = rec.shares
     assert share.task_id == "a"
     assert share.first_step_ns == t + 100 * US
-    assert share.idle_ns == 70 * US
+    assert share.idle_since_ns == t + LENGTH + 70 * US
     assert share.steps == 2
     assert share.busy_ns == 4 * MS
     assert share.overrun_ns == 0
@@ -364,7 +343,7 @@ def test_window_closed_by_its_timer_is_accounted_only_once_the_end_edge_is_known
     h.start(t, iteration=2)
     h.fire_next()  # until reached
     h.steps("a", 1, (t + 100 * US, 9 * MS))  # stops at t + 9.1 ms
-    h.done("a", 1, reason=worker_pb2.WINDOW_END_REASON_EXPIRED)
+    h.done("a", 1)  # EXPIRED: until_ns passed
     assert h.accounts == []  # the END edge decides what was harvest and what was overrun
     h.end(t + 9 * MS, iteration=2)
     (acct,) = h.accounts
@@ -454,7 +433,7 @@ def test_no_fit_hands_the_rest_of_the_window_to_a_task_whose_step_fits(h: Harnes
 
     h.steps("big", 1, (t, 4 * MS), (t + 4 * MS, 4 * MS))
     h.now = t + 8 * MS  # 1.8 ms left: another 4 ms step does not fit
-    h.done("big", 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT, step_estimate_ns=4 * MS)
+    h.done("big", 1, step_estimate_ns=4 * MS)  # NO_FIT: its next step would not fit
     assert small.grants() == [("grant", 1, until)]  # the same window, the same deadline
     assert huge.grants() == []
     assert big.grants() == [("grant", 1, until)]  # not granted again
@@ -476,7 +455,7 @@ def test_no_fit_with_no_other_task_leaves_the_window_unused_until_its_end(h: Har
     port = h.add("a", step_estimate_ns=4 * MS)
     h.start(0, hint=LENGTH)
     h.now = 7 * MS
-    h.done("a", 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)
+    h.done("a", 1)  # NO_FIT
     assert port.grants() == [("grant", 1, LENGTH - MARGIN)]
     h.end(LENGTH)
     assert port.revokes() == []  # nobody holds the window any more
@@ -573,22 +552,21 @@ def test_a_task_that_goes_idle_late_takes_the_window_that_opened_while_it_was_bu
     h.start(t + PERIOD, iteration=3)
     assert len(port.grants()) == 1  # busy: not granted again yet
     h.now = t + PERIOD + 1 * MS
-    h.done("a", w1, idle_ns=h.now)
+    h.done("a", w1, idle_since_ns=h.now)
     assert len(port.grants()) == 2 and port.grants()[-1][1] != w1
 
 
 def test_the_trainers_free_memory_hint_is_kept_for_admission(h: Harness) -> None:
-    h.sched.on_bubble(trainer_pb2.BubbleEvent(edge=trainer_pb2.BUBBLE_EDGE_START, slot=0, time_ns=1,
-                                              free_memory_bytes=12 << 30))
+    h.sched.on_bubble(Edge(True, True, rank=0, slot=0, iteration=0, time_ns=1, free_memory_bytes=12 << 30))
     assert h.sched.trainer_free_memory_bytes == 12 << 30
     h.start(2 * PERIOD)  # an edge without the hint keeps the last one
     assert h.sched.trainer_free_memory_bytes == 12 << 30
 
 
-# -- history for timelines -------------------------------------------------------------------------
+# -- history (the Timeline RPC) -----------------------------------------------------------------------
 
 
-def test_timeline_keeps_each_bubble_and_each_window_with_its_steps(h: Harness) -> None:
+def test_history_keeps_each_bubble_and_each_window_with_its_steps(h: Harness) -> None:
     port = h.add("a")
     t = h.learn()
     h.start(t, iteration=2)
@@ -596,7 +574,7 @@ def test_timeline_keeps_each_bubble_and_each_window_with_its_steps(h: Harness) -
     h.steps("a", wid, (t + 1 * MS, 2 * MS), (t + 3 * MS, 2 * MS))
     h.end(t + LENGTH, iteration=2)
     h.done("a", wid)
-    bubbles, windows = h.sched.timeline()
+    bubbles, windows = h.sched.history()
     assert [(b.iteration, b.start_ns, b.end_ns) for b in bubbles] == [
         (0, 0, LENGTH), (1, PERIOD, PERIOD + LENGTH), (2, t, t + LENGTH)
     ]
@@ -604,26 +582,26 @@ def test_timeline_keeps_each_bubble_and_each_window_with_its_steps(h: Harness) -
     (w,) = windows
     assert (w.window_id, w.bubble_start_ns, w.bubble_end_ns) == (wid, t, t + LENGTH)
     (share,) = w.shares
-    assert [(s.start_ns, s.duration_ns) for s in share.step_spans] == [(t + 1 * MS, 2 * MS), (t + 3 * MS, 2 * MS)]
+    assert list(share.step_spans) == [(t + 1 * MS, 2 * MS), (t + 3 * MS, 2 * MS)]
     assert share.steps == 2 and share.busy_ns == 4 * MS
 
 
-def test_timeline_since_keeps_only_what_ended_later(h: Harness) -> None:
+def test_history_since_keeps_only_what_ended_later(h: Harness) -> None:
     h.learn(iterations=3)
-    bubbles, _ = h.sched.timeline(since_ns=PERIOD + LENGTH)
+    bubbles, _ = h.sched.history(since_ns=PERIOD + LENGTH)
     assert [b.iteration for b in bubbles] == [2]
 
 
-def test_timeline_history_is_bounded(h: Harness) -> None:
+def test_history_is_bounded(h: Harness) -> None:
     from freeride.agent.scheduler import HISTORY_BUBBLES
 
     h.learn(iterations=HISTORY_BUBBLES + 10)
-    bubbles, _ = h.sched.timeline()
+    bubbles, _ = h.sched.history()
     assert len(bubbles) == HISTORY_BUBBLES
     assert bubbles[0].iteration == 10 and bubbles[-1].iteration == HISTORY_BUBBLES + 9
 
 
-def test_timeline_gives_steps_to_the_newest_windows_within_its_budget(h: Harness) -> None:
+def test_history_gives_steps_to_the_newest_windows_within_its_budget(h: Harness) -> None:
     port = h.add("a")
     t = h.learn()
     for i in range(3):
@@ -633,7 +611,7 @@ def test_timeline_gives_steps_to_the_newest_windows_within_its_budget(h: Harness
         h.steps("a", wid, *[(start + k * MS // 2, MS // 4) for k in range(4)])
         h.end(start + LENGTH, iteration=2 + i)
         h.done("a", wid)
-    _, windows = h.sched.timeline(max_steps=9)
+    _, windows = h.sched.history(max_steps=9)
     assert [len(w.shares[0].step_spans) for w in windows] == [0, 4, 4]  # oldest first; it did not fit
     assert [w.shares[0].steps for w in windows] == [4, 4, 4]  # the counts stay
 
@@ -657,7 +635,7 @@ def test_a_task_kept_out_by_its_step_estimate_is_offered_a_window_now_and_then(h
     fits = h.add("fits", step_estimate_ns=1 * MS)
     for i in range(16):
         h.start(i * PERIOD, hint=LENGTH, iteration=i)
-        h.done("stale", i + 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)  # (if probed: its step does not fit)
+        h.done("stale", i + 1)  # NO_FIT (if probed: its step does not fit)
         h.done("fits", i + 1)
         h.end(i * PERIOD + LENGTH, iteration=i)
     assert len(stale.grants()) == 1  # a probe: its worker re-checks the estimate; a step runs only if it fits
@@ -670,7 +648,7 @@ def test_a_probe_never_jumps_ahead_of_a_higher_priority_task_that_fits(h: Harnes
     for i in range(40):
         h.start(i * PERIOD, hint=LENGTH, iteration=i)
         h.done("high", i + 1)  # done at once: the tail is free
-        h.done("stale", i + 1, reason=worker_pb2.WINDOW_END_REASON_NO_FIT)  # (if probed: its step does not fit)
+        h.done("stale", i + 1)  # NO_FIT (if probed: its step does not fit)
         h.end(i * PERIOD + LENGTH, iteration=i)
     assert len(high.grants()) == 40
     probed = {g[1] for g in stale.grants()}

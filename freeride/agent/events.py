@@ -1,0 +1,159 @@
+"""What flows through the agent's engine, in domain terms: bubble edges and worker messages in,
+accounted windows and live-view events out.
+
+No protobuf here: the servicers convert at the edge (freeride.agent.convert), so the scheduler,
+the supervisor and the task table never see a message class. The bubble edge is on the hot path:
+it is a NamedTuple, one cheap construction per edge.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from freeride.agent.model import TaskRecord
+
+
+# -- from trainers ---------------------------------------------------------------------------------
+class Edge(NamedTuple):
+    """One bubble edge reported by a training rank (already checked at the edge: limits.edge_ok)."""
+
+    start: bool  # True: the GPU is idle from time_ns (START); False: it is needed again (END)
+    harvestable: bool  # False for a wait between schedule steps: reported and counted, never harvested
+    rank: int
+    slot: int
+    iteration: int
+    time_ns: int
+    expected_duration_ns: int = 0  # hint; 0: not given
+    free_memory_bytes: int = 0  # hint; 0: not given
+
+
+# -- from workers ----------------------------------------------------------------------------------
+class Ready(NamedTuple):
+    """setup() and any checkpoint restore are done; the worker may be granted windows."""
+
+    kind: str
+    resumed_steps: int
+    progress: dict[str, float]
+
+
+class Steps(NamedTuple):
+    """Steps a worker ran in one window: (start_ns, duration_ns) each."""
+
+    window_id: int
+    steps: list[tuple[int, int]]
+    progress: dict[str, float]
+    peak_memory_bytes: int
+
+
+class WindowDone(NamedTuple):
+    """The worker runs nothing more in this window."""
+
+    window_id: int
+    idle_since_ns: int  # the worker's CLOCK_MONOTONIC when it went idle (an instant, not a duration)
+    step_estimate_ns: int  # 0: no estimate
+
+
+class Checkpointed(NamedTuple):
+    steps: int
+    progress: dict[str, float]
+
+
+class Finished(NamedTuple):
+    progress: dict[str, float]
+
+
+class Failed(NamedTuple):
+    reason: str
+    retryable: bool
+
+
+WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed
+
+
+# -- to workers ------------------------------------------------------------------------------------
+class Control(enum.Enum):
+    """What the agent asks of an attached worker (both: checkpoint, then exit)."""
+
+    PAUSE = "pause"
+    CANCEL = "cancel"
+
+
+class WorkerSetup(NamedTuple):
+    """The answer to a worker's hello: what to run and where its window word and checkpoint are."""
+
+    task_ref: str
+    args: dict[str, str]
+    checkpoint_path: str
+    checkpoint_interval_s: float
+    mem_limit_bytes: int
+    window_file: str
+
+
+# -- accounted history -----------------------------------------------------------------------------
+class Share(NamedTuple):
+    """One task's part of an accounted window."""
+
+    task_id: str
+    first_step_ns: int
+    idle_since_ns: int  # when it reported WindowDone (0: it never did; its worker went away)
+    steps: int
+    busy_ns: int
+    overrun_ns: int
+    step_spans: Sequence[tuple[int, int]] = ()  # each step: filled in history answers only
+
+
+class WindowRecord(NamedTuple):
+    """A bubble window, closed and accounted."""
+
+    window_id: int
+    rank: int
+    slot: int
+    iteration: int
+    bubble_start_ns: int
+    bubble_end_ns: int
+    until_ns: int
+    predicted_ns: int
+    shares: tuple[Share, ...]
+
+
+class BubbleSpan(NamedTuple):
+    """One bubble as the agent saw it (START and END both received)."""
+
+    rank: int
+    slot: int
+    iteration: int
+    start_ns: int
+    end_ns: int
+    predicted_ns: int  # 0: no prediction yet (the slot was still being learned)
+
+
+# -- to watchers -----------------------------------------------------------------------------------
+class TaskView(NamedTuple):
+    """A task as clients see it: its record and what exists of it only while its worker lives."""
+
+    record: TaskRecord
+    running: bool  # it holds a window now (shown as RUNNING)
+    pid: int  # 0: no worker
+    memory_bytes: int  # at the watchdog's latest sample; 0: no worker
+
+
+class TaskChanged(NamedTuple):
+    time_ns: int
+    task: TaskView  # a copy taken when it changed
+
+
+class WindowAccounted(NamedTuple):
+    time_ns: int
+    record: WindowRecord
+
+
+class TrainerChanged(NamedTuple):
+    time_ns: int
+    connected: bool
+    peer: str
+    trainers: int  # trainer streams open now
+
+
+AgentEvent = TaskChanged | WindowAccounted | TrainerChanged

@@ -1,0 +1,45 @@
+"""The reference check at submit: import the task in a throwaway process, never in the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from freeride.agent.model import TaskSpec
+from freeride.errors import TaskRefError
+
+_CHECK_TIMEOUT_S = 60.0
+
+
+async def check_ref(spec: TaskSpec) -> dict[str, Any]:
+    """What `freeride.sdk.check` says of the task (kind, name, declared priority and cap); TaskRefError if
+    it cannot be imported or built. User code never runs inside the agent."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "freeride.sdk.check",
+        spec.ref,
+        *(f"{k}={v}" for k, v in spec.args.items()),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise TaskRefError(
+            f"importing {spec.ref!r} took over {_CHECK_TIMEOUT_S:.0f}s; make the import cheaper"
+        ) from None
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        detail = err.decode(errors="replace").strip().splitlines()
+        raise TaskRefError(f"checking {spec.ref!r} failed: {detail[-1] if detail else 'no output'}") from None
+    if not result.get("ok"):
+        raise TaskRefError(str(result.get("error")))
+    return result

@@ -1,0 +1,334 @@
+"""The supervisor: memory admission, worker start, restart with backoff, stop, the memory watchdog.
+
+Runs on the agent's loop. Every background task it creates is owned (`Background`) and every
+timer it sets is kept and cancelled at shutdown; a failure in either is logged and acted on: a
+worker that cannot be started counts as a crash (restarted with backoff, FAILED after the task's
+restarts), a failed watchdog check is retried at the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from freeride.agent.admission import admit
+from freeride.agent.background import Background
+from freeride.agent.config import AgentConfig
+from freeride.agent.events import (
+    Checkpointed,
+    Control,
+    Failed,
+    Finished,
+    Ready,
+    Steps,
+    WindowDone,
+    WorkerMessage,
+    WorkerSetup,
+)
+from freeride.agent.memory import MemoryGuard
+from freeride.agent.model import TaskRecord, TaskState
+from freeride.agent.scheduler import Scheduler, TaskSlot, TimerHandle
+from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
+from freeride.agent.workers import describe_exit, last_log_line
+from freeride.errors import InvalidStateError
+
+log = logging.getLogger("freeride.agent")
+
+CallLater = Callable[[float, Callable[[], None]], TimerHandle]
+_CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
+
+
+class Launcher(Protocol):
+    """Starts worker processes (freeride.agent.workers.WorkerLauncher; a fake in tests)."""
+
+    async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Worker, int], None],
+                    env: dict[str, str] | None = None) -> Worker: ...
+
+    async def settle(self) -> None: ...
+
+
+class Supervisor:
+    def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
+                 scheduler: Scheduler, call_later: CallLater | None = None) -> None:
+        self._cfg = config
+        self._table = table
+        self._memory = memory
+        self._launcher = launcher
+        self._scheduler = scheduler
+        self._call_later: CallLater = call_later or asyncio.get_running_loop().call_later
+        self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
+        self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart
+        self._watchdog: TimerHandle | None = None
+        self._instance = 0  # spawn counter: a stale worker process cannot attach
+        self.checkpoint_dir = config.state_dir / "checkpoints"
+        self.stopping = False
+
+    # -- memory admission ------------------------------------------------------------------------
+    def usable_bytes(self) -> int | None:
+        """What the resident side tasks may reserve in all (None: unbounded)."""
+        return self._memory.usable_bytes([w.pid for w in self._table.workers()],
+                                         self._scheduler.trainer_free_memory_bytes)
+
+    def _admit(self, rec: TaskRecord, rt: TaskRuntime, start_reason: str,
+               usable: Callable[[], int | None] | None = None) -> bool:
+        """Reserve the task's cap, or park it with the reason visible in `freeride show`."""
+        if rt.reserved_bytes is None:
+            why = admit(rec.spec.mem_limit_bytes, self._table.reserved_bytes, usable or self.usable_bytes)
+            if why:
+                first = rt.waiting is None
+                rt.waiting = start_reason
+                if rec.state.active and rec.state is not TaskState.STARTING:
+                    self._table.set_state(rec, TaskState.STARTING, why)
+                elif rec.reason != why:
+                    self._table.set_reason(rec, why)
+                if first:
+                    log.info("task %s %s", rec.id, why)
+                return False
+            rt.reserved_bytes = rec.spec.mem_limit_bytes
+        rt.waiting = None
+        return True
+
+    def admit_waiting(self) -> None:
+        """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
+        if self.stopping:
+            return
+        # One GPU query for the whole pass: workers start later (owned tasks), so the device is unchanged.
+        usable = functools.cache(self.usable_bytes)
+        for rec in self._table.waiting():
+            rt = self._table.live[rec.id]
+            start_reason = rt.waiting or ""
+            if self._admit(rec, rt, start_reason, usable):
+                self._start_soon(rec, start_reason)
+
+    # -- start, crash, restart -------------------------------------------------------------------
+    async def start(self, rec: TaskRecord, reason: str = "") -> None:
+        """Admit the task and start its worker. A task that does not fit waits (admit_waiting starts it);
+        a worker that cannot be started is a crash: restarted with backoff, then FAILED."""
+        if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
+            return
+        rt = self._table.runtime(rec.id)
+        if rt.worker is not None or rt.spawning or not self._admit(rec, rt, reason):
+            return
+        self._table.set_state(rec, TaskState.STARTING, reason)
+        self._instance += 1
+        rt.spawning = True
+        try:
+            env = self._memory.client_env(rec.spec.mem_limit_bytes, rec.spec.no_mps)
+            worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
+        except Exception as exc:  # no process: nothing else will ever report on this start
+            rt.spawning = False
+            self._start_failed(rec, rt, exc)
+            return
+        rt.spawning, rt.worker = False, worker
+        if self._memory.client_started(worker.pid, rec.spec.no_mps):
+            worker.before_kill = self._memory.terminate_client
+        if rec.state is TaskState.SUBMITTED:  # paused and resumed while its process was being created
+            self._table.set_state(rec, TaskState.STARTING, reason)
+        elif rec.state in _CONTROL:  # paused or cancelled meanwhile
+            self._stop(rt, worker, rec.state)
+
+    def _start_soon(self, rec: TaskRecord, reason: str) -> None:
+        # start() handles a failed spawn itself; anything else it raises is logged by the owner.
+        self._background.spawn(self.start(rec, reason))
+
+    def _start_failed(self, rec: TaskRecord, rt: TaskRuntime, exc: Exception) -> None:
+        log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
+        if self._table.live.get(rec.id) is rt:
+            del self._table.live[rec.id]  # its reservation goes with it
+        if not self.stopping and rec.state is TaskState.STARTING:
+            self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
+
+    def _on_exit(self, worker: Worker, code: int) -> None:
+        if not self._table.worker_exited(worker):  # one removal: its runtime, reservation and sample go
+            return
+        self._scheduler.remove_task(worker.task_id)
+        rec = self._table.records[worker.task_id]
+        log.info("task %s: %s", rec.id, describe_exit(code))
+        if self._table.waiting_count():
+            self._call_later(0, self.admit_waiting)  # after this exit's own state change
+        # A worker stopped by pause or cancel ends here: the state changed when the stop was asked.
+        if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
+            return
+        reason = worker.kill_reason or worker.failure or describe_exit(code)
+        tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""
+        if tail and tail not in reason:
+            reason = f"{reason}: {tail}"
+        self._crashed(rec, reason, worker.retryable, worker.log_path)
+
+    def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None) -> None:
+        """Restart with exponential backoff, or FAILED once the task has had all its restarts."""
+        limit = rec.spec.max_restarts if rec.spec.max_restarts >= 0 else self._cfg.max_restarts
+        if not retryable:
+            self._table.set_state(rec, TaskState.FAILED, reason)
+            return
+        if rec.restarts >= limit:
+            where = f"; log: {log_path}" if log_path is not None else ""
+            self._table.set_state(rec, TaskState.FAILED, f"{reason} (gave up after {rec.restarts} restarts{where})")
+            return
+        rec.restarts += 1
+        delay = self._cfg.restart_backoff_s * 2 ** (rec.restarts - 1)
+        self._table.set_state(rec, TaskState.STARTING,
+                              f"restart {rec.restarts}/{limit} in {delay:.1f}s after: {reason}")
+        self._cancel_restart(rec.id)
+        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+
+    def _restart(self, rec: TaskRecord) -> None:
+        self._restarts.pop(rec.id, None)
+        if rec.state is TaskState.STARTING:
+            self._start_soon(rec, rec.reason)
+
+    def _cancel_restart(self, task_id: str) -> None:
+        timer = self._restarts.pop(task_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    # -- stop ------------------------------------------------------------------------------------
+    def stop(self, rec: TaskRecord, desired: TaskState) -> None:
+        """Ask the task's worker to checkpoint and exit, to become `desired` (PAUSED or CANCELLED)."""
+        self._cancel_restart(rec.id)
+        rt = self._table.live.get(rec.id)
+        if rt is not None and rt.worker is not None:
+            self._stop(rt, rt.worker, desired)
+
+    def _stop(self, rt: TaskRuntime, worker: Worker, desired: TaskState) -> None:
+        rt.desired = desired
+        if not self._send(rt, _CONTROL[desired]):
+            worker.kill(f"{desired.value.lower()} before it attached")
+
+    @staticmethod
+    def _send(rt: TaskRuntime, control: Control) -> bool:
+        if rt.outbox is None:
+            return False
+        rt.outbox.put_nowait(control)
+        return True
+
+    def hang(self, task_id: str, window_id: int) -> None:
+        worker = self._table.worker(task_id)
+        if worker is not None:
+            log.warning("task %s: step still running long after window %d closed; killing it", task_id, window_id)
+            worker.kill("a step hung past its window and was killed")
+
+    async def shutdown(self) -> None:
+        """Ask every worker to checkpoint and exit; kill those that do not within the grace period."""
+        self.stopping = True
+        for task_id in list(self._restarts):
+            self._cancel_restart(task_id)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await self._background.wait()  # starts in flight (a spawn takes milliseconds)
+        for rt in list(self._table.live.values()):
+            if rt.worker is not None and not self._send(rt, Control.PAUSE):
+                rt.worker.kill("agent shutting down")
+        exits = {asyncio.ensure_future(w.exited.wait()) for w in self._table.workers()}
+        try:
+            if exits:
+                _, late = await asyncio.wait(exits, timeout=self._cfg.shutdown_grace_s)
+                if late:
+                    for w in self._table.workers():
+                        w.kill("did not stop within the shutdown grace period")
+                    await asyncio.wait(late, timeout=5)
+        finally:
+            for f in exits:
+                f.cancel()
+        await self._launcher.settle()
+
+    # -- the memory watchdog ---------------------------------------------------------------------
+    def watch_memory(self) -> None:
+        self._watchdog = self._call_later(self._cfg.memory_check_s, self.check_memory)
+
+    def check_memory(self) -> None:
+        """A worker above its cap is stopped; training and other tasks are not touched."""
+        if self.stopping:
+            return
+        try:
+            self._check_caps()
+            if self._table.waiting_count():
+                self.admit_waiting()  # the device's free memory may have grown without any event
+        except Exception:  # the watchdog never stops watching
+            log.exception("memory watchdog: the check failed; checking again in %.2fs", self._cfg.memory_check_s)
+        self.watch_memory()
+
+    def _check_caps(self) -> None:
+        live = {task_id: rt for task_id, rt in self._table.live.items() if rt.worker is not None}
+        sampled = self._memory.sample({task_id: rt.worker.pid for task_id, rt in live.items()
+                                       if rt.worker is not None})
+        for task_id, used in sampled.items():
+            rt, rec = live[task_id], self._table.records[task_id]
+            rt.memory_bytes = used
+            rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
+            cap = rec.spec.mem_limit_bytes
+            worker = rt.worker
+            if worker is not None and cap and used > cap and not worker.kill_reason:
+                reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
+                log.warning("task %s: %s; stopping its worker", task_id, reason)
+                worker.retryable = rec.restarts < self._cfg.memory_cap_restarts
+                worker.kill(reason)
+
+    # -- the worker's stream ---------------------------------------------------------------------
+    def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:
+        rt = self._table.live.get(task_id)
+        worker = rt.worker if rt is not None else None
+        if rt is None or worker is None or worker.instance != instance:
+            raise InvalidStateError(f"no worker instance {instance} is expected for task {task_id}")
+        rec = self._table.records[task_id]
+        rt.outbox = outbox
+        if rt.desired is not None:  # stopped before it attached (and its kill is still on its way)
+            self._send(rt, _CONTROL[rt.desired])
+        return WorkerSetup(
+            task_ref=rec.spec.ref,
+            args=rec.spec.args,
+            checkpoint_path=str(self.checkpoint_dir / f"task-{task_id}.ckpt"),
+            checkpoint_interval_s=rec.spec.checkpoint_interval_s or self._cfg.checkpoint_interval_s,
+            mem_limit_bytes=rec.spec.mem_limit_bytes,
+            window_file=str(worker.window.path),
+        )
+
+    def detach(self, task_id: str, instance: int) -> None:
+        rt = self._table.live.get(task_id)
+        if rt is not None and rt.worker is not None and rt.worker.instance == instance:
+            rt.outbox = None
+            self._scheduler.remove_task(task_id)
+
+    def on_worker_message(self, task_id: str, instance: int, msg: WorkerMessage) -> None:
+        worker = self._table.worker(task_id)
+        if worker is None or worker.instance != instance:
+            return
+        rec = self._table.records[task_id]
+        if isinstance(msg, Steps):
+            self._scheduler.on_steps(task_id, msg)
+            if msg.progress:
+                rec.progress.update(msg.progress)
+            rec.peak_memory_bytes = max(rec.peak_memory_bytes, msg.peak_memory_bytes)
+        elif isinstance(msg, WindowDone):
+            self._scheduler.on_window_done(task_id, msg)
+            if msg.step_estimate_ns:
+                rec.step_estimate_ns = msg.step_estimate_ns
+        elif isinstance(msg, Ready):
+            rec.kind = msg.kind
+            rec.progress.update(msg.progress)
+            # The checkpoint it resumed from: after a kill -9 of the agent, the worker's last checkpoint
+            # (taken when it lost the agent) never reached the ledger as a Checkpointed message.
+            rec.checkpoint_steps = msg.resumed_steps
+            if rec.state is TaskState.STARTING:
+                # Keep why this worker was (re)started visible: a crash, an agent restart.
+                self._table.set_state(rec, TaskState.READY, rec.reason)
+                self._scheduler.add_task(TaskSlot(
+                    task_id=task_id, priority=rec.spec.priority, port=worker.window, counters=rec.counters,
+                    step_estimate_ns=rec.step_estimate_ns or None,
+                ))
+        elif isinstance(msg, Checkpointed):
+            rec.checkpoint_steps = msg.steps
+            rec.progress.update(msg.progress)
+            self._table.checkpointed(rec)
+        elif isinstance(msg, Finished):
+            rec.progress.update(msg.progress)
+            self._scheduler.remove_task(task_id)
+            if not rec.state.terminal:
+                self._table.set_state(rec, TaskState.DONE)
+        elif isinstance(msg, Failed):
+            worker.failure = msg.reason
+            worker.retryable = msg.retryable
