@@ -45,6 +45,7 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         raise ConfigError(f"another agent is already using state dir {state_dir}; stop it or pick another") from None
     lock.write(str(os.getpid()))
     lock.flush()
@@ -109,54 +110,78 @@ def _tcp_server(
 
 
 async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
+    """Run the agent until SIGTERM (or `stop`); its exit code. Whatever a start acquires (the state lock, the
+    socket, the database, the GPU and its MPS daemon, listeners) is released in reverse order, also when a
+    later step of the start fails."""
     token = read_token(config.token_file) if config.tcp and config.token_file is not None else None
     gid = _socket_gid(config)
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock_state_dir(config.state_dir)
-    sock = config.socket_path
-    _claim_socket(sock, gid)
-    registry = Registry(config.state_dir / "freeride.db")
-    server = _new_server()
-    log_failures(config)
-    gpu = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: GpuControl.open(
-            config.gpu, config.fake_gpu, config.mps, config.mps_control,
-            config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path, config.mps_thread_percentage,
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_lock_state_dir(config.state_dir))
+        sock = config.socket_path
+        _claim_socket(sock, gid)
+        stack.callback(_unlink, sock)
+        registry = Registry(config.state_dir / "freeride.db")
+        stack.callback(registry.close)
+        log_failures(config)
+        gpu = await loop.run_in_executor(
+            None, lambda: GpuControl.open(
+                config.gpu, config.fake_gpu, config.mps, config.mps_control,
+                config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path,
+                config.mps_thread_percentage,
+            )
         )
-    )
-    agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"), gpu=gpu)
-    health = HealthServicer()
-    task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
-    tasks_pb2_grpc.add_TaskServiceServicer_to_server(task_servicer, server)
-    trainer_pb2_grpc.add_BubbleServiceServicer_to_server(bubble_servicer, server)
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(agent), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    # Listeners that can fail to bind go first, before the socket exists and before any worker starts.
-    tcp_server = _tcp_server(config, token, task_servicer, bubble_servicer, health) if token is not None else None
-    metrics = None
-    if config.metrics_port:
-        from freeride.agent.metrics import MetricsServer
+        stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
+        agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"), gpu=gpu)
+        health = HealthServicer()
+        task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
+        server = _new_server()
+        tasks_pb2_grpc.add_TaskServiceServicer_to_server(task_servicer, server)
+        trainer_pb2_grpc.add_BubbleServiceServicer_to_server(bubble_servicer, server)
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(agent), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        stack.push_async_callback(server.stop, 1.0)
+        # Listeners that can fail to bind go first, before the socket exists and before any worker starts.
+        tcp_server = _tcp_server(config, token, task_servicer, bubble_servicer, health) if token is not None else None
+        if tcp_server is not None:
+            stack.push_async_callback(tcp_server.stop, 1.0)
+        metrics = None
+        if config.metrics_port:
+            from freeride.agent.metrics import MetricsServer
 
-        metrics = MetricsServer(agent, asyncio.get_running_loop()).start(config.metrics_addr, config.metrics_port)
-    # The socket file is born with the umask's mode: keep it closed until chmod/chown set the real one.
-    old_umask = os.umask(0o177)
-    try:
-        server.add_insecure_port(f"unix:{sock}")
-        await server.start()
-    finally:
-        os.umask(old_umask)
-    os.chmod(sock, config.socket_mode_bits())
-    if gid is not None:
-        os.chown(sock, -1, gid)
-    if tcp_server is not None:
-        await tcp_server.start()
-        log.info("listening on TCP %s; every call must carry the token from %s", config.tcp, config.token_file)
-    await agent.start()
-    for name in ("", *SERVICES):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("agent for GPU %d serving on unix:%s (state in %s)", config.gpu, sock, config.state_dir)
+            metrics = MetricsServer(agent, loop).start(config.metrics_addr, config.metrics_port)
+            stack.callback(metrics.stop)
+        # The socket file is born with the umask's mode: keep it closed until chmod/chown set the real one.
+        old_umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix:{sock}")
+            await server.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(sock, config.socket_mode_bits())
+        if gid is not None:
+            os.chown(sock, -1, gid)
+        if tcp_server is not None:
+            await tcp_server.start()
+            log.info("listening on TCP %s; every call must carry the token from %s", config.tcp, config.token_file)
+        stack.push_async_callback(agent.shutdown)  # workers checkpoint over the socket: before the servers stop
+        await agent.start()
+        for name in ("", *SERVICES):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("agent for GPU %d serving on unix:%s (state in %s)", config.gpu, sock, config.state_dir)
+        await _serve_until_stopped(config, sock, ready, stop or asyncio.Event())
+        _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
+        await health.enter_graceful_shutdown()
+        if metrics is not None:
+            metrics.stop()
+        code = await agent.shutdown()
+    log.info("agent stopped")
+    return code
 
-    stop = stop or asyncio.Event()
+
+async def _serve_until_stopped(config: AgentConfig, sock: Path, ready: asyncio.Event | None,
+                               stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
@@ -173,18 +198,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     if ready is not None:
         ready.set()
     await stop.wait()
-    _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
-    await health.enter_graceful_shutdown()
-    if metrics is not None:
-        metrics.stop()
-    code = await agent.shutdown()
-    if tcp_server is not None:
-        await tcp_server.stop(grace=1.0)
-    await server.stop(grace=1.0)
-    registry.close()
-    gpu.close()  # MPS `quit` if this agent started the daemon
+
+
+def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
-        sock.unlink()
-    lock.close()
-    log.info("agent stopped")
-    return code
+        path.unlink()
