@@ -186,6 +186,10 @@ class Supervisor:
         if timer is not None:
             timer.cancel()
 
+    async def settle(self) -> None:
+        """Until the worker starts in flight (after a wait for memory or a backoff) have ended."""
+        await self._background.wait()
+
     # -- stop ------------------------------------------------------------------------------------
     def stop(self, rec: TaskRecord, desired: TaskState) -> None:
         """Ask the task's worker to checkpoint and exit, to become `desired` (PAUSED or CANCELLED)."""
@@ -219,7 +223,7 @@ class Supervisor:
             self._cancel_restart(task_id)
         if self._watchdog is not None:
             self._watchdog.cancel()
-        await self._background.wait()  # starts in flight (a spawn takes milliseconds)
+        await self.settle()  # (a spawn takes milliseconds)
         for rt in list(self._table.live.values()):
             if rt.worker is not None and not self._send(rt, Control.PAUSE):
                 rt.worker.kill("agent shutting down")

@@ -1,0 +1,284 @@
+"""Specification of the supervisor: start, crash and restart with backoff, give up, stop, memory admission,
+and the memory watchdog's cap rule.
+
+In-process with a fake launcher (workers exit when the test says so), a fake memory probe and
+manual timers: backoff delays are read off the timers the supervisor sets, never waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+from engine_fakes import MiB, Rig, in_loop
+
+from freeride.agent.events import Control, Ready
+from freeride.agent.model import TaskState
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+# -- start -----------------------------------------------------------------------------------------
+
+
+@in_loop
+async def test_a_started_task_has_one_worker_and_becomes_ready_when_the_worker_says_so(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    assert rec.state is TaskState.STARTING
+    (worker,) = rig.launcher.workers
+    assert rig.table.worker(rec.id) is worker
+    await rig.sup.start(rec)  # a second start of a live task starts nothing
+    assert len(rig.launcher.workers) == 1
+    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    assert rec.state is TaskState.READY
+    assert rec.id in rig.scheduler.tasks
+    worker.exit(1)
+    assert rec.id not in rig.scheduler.tasks and rig.table.live == {}  # nothing of the dead worker is left
+
+
+@in_loop
+async def test_a_message_from_a_stale_worker_instance_is_ignored(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance + 1, Ready("iterative", 0, {}))
+    assert rec.state is TaskState.STARTING
+
+
+# -- crash, restart, give up -----------------------------------------------------------------------
+
+
+@in_loop
+async def test_a_crashing_worker_is_restarted_after_1_2_4_s_then_failed_with_the_restarts_it_had(rig: Rig) -> None:
+    rec = rig.task()  # the agent's --max-restarts: 3
+    await rig.sup.start(rec)
+    delays = []
+    for n in (1, 2, 3):
+        rig.worker(rec).exit(1)
+        assert rec.state is TaskState.STARTING
+        assert rec.restarts == n
+        assert rec.reason.startswith(f"restart {n}/3 in ")
+        assert "worker exited with code 1" in rec.reason
+        (timer,) = rig.timers.pending()
+        delays.append(timer.at - rig.timers.now)
+        assert rig.table.worker(rec.id) is None  # nothing runs during the backoff
+        rig.timers.fire_next()
+        await rig.sup.settle()
+        assert len(rig.launcher.of(rec.id)) == n + 1
+    assert delays == [1.0, 2.0, 4.0]
+    rig.worker(rec).exit(1)
+    assert rec.state is TaskState.FAILED
+    assert rig.timers.pending() == []
+    gave_up = re.search(r"gave up after (\d+) restarts", rec.reason)
+    assert gave_up is not None and int(gave_up[1]) == rec.restarts == 3
+    assert rig.table.live == {}
+
+
+@in_loop
+async def test_a_failure_the_worker_calls_final_is_not_retried(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    worker = rig.worker(rec)
+    worker.failure, worker.retryable = "the task's file is gone", False
+    worker.exit(1)
+    assert (rec.state, rec.reason, rec.restarts) == (TaskState.FAILED, "the task's file is gone", 0)
+
+
+@in_loop
+async def test_a_spawn_that_raises_is_a_crash_restarted_with_backoff_and_the_reason_says_why(rig: Rig) -> None:
+    rec = rig.task(cap_bytes=64 * MiB)
+    rig.launcher.fail = OSError(28, "No space left on device")
+    await rig.sup.start(rec)  # no exception escapes, and the task is not left STARTING for good
+    assert rec.state is TaskState.STARTING
+    assert rec.restarts == 1
+    assert "could not start its worker" in rec.reason and "No space left on device" in rec.reason
+    assert rig.table.live == {}  # its reservation went with the failed start
+    (timer,) = rig.timers.pending()
+    assert timer.at == 1.0
+    rig.timers.fire_next()
+    await rig.sup.settle()
+    assert rig.worker(rec).task_id == rec.id  # the retry started it
+
+
+@in_loop
+async def test_a_spawn_that_keeps_raising_ends_failed_after_the_tasks_restarts(rig: Rig) -> None:
+    rec = rig.task(max_restarts=0)
+    rig.launcher.fail = RuntimeError("spawn broke")
+    await rig.sup.start(rec)
+    assert rec.state is TaskState.FAILED
+    assert "could not start its worker: spawn broke" in rec.reason and "gave up after 0 restarts" in rec.reason
+
+
+# -- stop ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("desired", "control"), [(TaskState.PAUSED, Control.PAUSE),
+                                                  (TaskState.CANCELLED, Control.CANCEL)])
+@in_loop
+async def test_a_stop_asks_an_attached_worker_for_the_matching_control(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    worker = rig.worker(rec)
+    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
+    rig.sup.attach(rec.id, worker.instance, outbox)
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired)
+    assert outbox.get_nowait() is control
+    assert worker.kills == []  # it checkpoints and exits by itself
+    worker.exit(0)
+    assert rec.state is desired  # not restarted, not failed
+    assert rig.timers.pending() == [] and rig.table.live == {}
+
+
+@pytest.mark.parametrize(("desired", "control"), [(TaskState.PAUSED, Control.PAUSE),
+                                                  (TaskState.CANCELLED, Control.CANCEL)])
+@in_loop
+async def test_a_worker_stopped_before_it_attached_is_killed_and_told_the_matching_control_if_it_attaches(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    worker = rig.worker(rec)
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired)
+    assert worker.kills == [f"{desired.value.lower()} before it attached"]
+    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
+    rig.sup.attach(rec.id, worker.instance, outbox)  # it attached while its kill was on its way
+    assert outbox.get_nowait() is control
+
+
+@in_loop
+async def test_a_task_paused_while_its_worker_is_being_created_stops_that_worker(rig: Rig) -> None:
+    rec = rig.task()
+    rig.launcher.gate = asyncio.Event()
+    start = asyncio.ensure_future(rig.sup.start(rec))
+    await rig.launcher.spawning.wait()
+    rig.sup.stop(rec, TaskState.PAUSED)
+    rig.table.set_state(rec, TaskState.PAUSED)
+    rig.launcher.gate.set()
+    await start
+    (worker,) = rig.launcher.workers
+    assert worker.kills == ["paused before it attached"]
+    worker.exit(-9)
+    assert rec.state is TaskState.PAUSED and rig.table.live == {}
+
+
+@in_loop
+async def test_a_pause_during_the_restart_backoff_cancels_the_restart(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    rig.worker(rec).exit(1)
+    (timer,) = rig.timers.pending()
+    rig.sup.stop(rec, TaskState.PAUSED)
+    rig.table.set_state(rec, TaskState.PAUSED)
+    assert timer.cancelled
+
+
+# -- memory admission ------------------------------------------------------------------------------
+
+
+@in_loop
+async def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees(rig: Rig) -> None:
+    rig.scheduler.trainer_free_memory_bytes = 1024 * MiB  # the trainer leaves 1 GiB (headroom 0)
+    big, small = rig.task(cap_bytes=768 * MiB), rig.task(cap_bytes=512 * MiB)
+    await rig.sup.start(big)
+    await rig.sup.start(small)
+    assert small.state is TaskState.SUBMITTED
+    assert small.reason == "waiting for memory: needs 512 MiB, 256 MiB free for side tasks"
+    assert rig.launcher.of(small.id) == []  # never started to fail
+    assert rig.table.waiting() == [small] and rig.table.reserved_bytes == 768 * MiB
+
+    rig.sup.stop(big, TaskState.CANCELLED)
+    rig.table.set_state(big, TaskState.CANCELLED)
+    rig.launcher.of(big.id)[0].exit(-9)  # its worker is gone: its 768 MiB are free
+    rig.timers.fire_next()  # the admission pass set for after the exit
+    await rig.sup.settle()
+    assert small.state is TaskState.STARTING
+    assert len(rig.launcher.of(small.id)) == 1
+    assert rig.table.waiting() == [] and rig.table.reserved_bytes == 512 * MiB
+
+
+@in_loop
+async def test_waiting_tasks_are_admitted_highest_priority_first(rig: Rig) -> None:
+    rig.scheduler.trainer_free_memory_bytes = 100 * MiB
+    low, high = rig.task(cap_bytes=300 * MiB, priority=1), rig.task(cap_bytes=300 * MiB, priority=9)
+    await rig.sup.start(low)
+    await rig.sup.start(high)
+    assert rig.launcher.workers == []
+    rig.scheduler.trainer_free_memory_bytes = 400 * MiB  # room for one of them
+    rig.sup.admit_waiting()
+    await rig.sup.settle()
+    assert [w.task_id for w in rig.launcher.workers] == [high.id]
+    assert rig.table.waiting() == [low]
+
+
+@in_loop
+async def test_an_uncapped_task_never_waits_for_memory(rig: Rig) -> None:
+    rig.scheduler.trainer_free_memory_bytes = 1  # next to nothing left
+    rec = rig.task()
+    await rig.sup.start(rec)
+    assert rig.launcher.of(rec.id) and rig.table.live[rec.id].reserved_bytes == 0
+
+
+# -- the memory watchdog ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("used", "stopped"), [(200 * MiB + 1, True), (200 * MiB, False)])
+@in_loop
+async def test_the_watchdog_stops_a_worker_above_its_cap_and_only_above_it(rig: Rig, used: int, stopped: bool) -> None:
+    rec = rig.task(cap_bytes=200 * MiB)
+    calm = rig.task(cap_bytes=200 * MiB)
+    await rig.sup.start(rec)
+    await rig.sup.start(calm)
+    rig.sup.watch_memory()
+    rig.probe.bytes[rig.worker(rec).pid] = used
+    rig.probe.bytes[rig.worker(calm).pid] = 100 * MiB
+    rig.timers.fire_next()  # one watchdog sample
+    kills = rig.worker(rec).kills
+    if stopped:
+        assert len(kills) == 1 and kills[0].startswith("memory_cap_exceeded: ")
+        assert "cap 200 MiB" in kills[0]
+    else:
+        assert kills == []
+    assert rig.worker(calm).kills == []  # another task is never touched
+    assert rig.table.live[rec.id].memory_bytes == used and rec.peak_memory_bytes == used
+    assert [t.at for t in rig.timers.pending()] == [2 * rig.config.memory_check_s]  # and it keeps watching
+
+
+@pytest.mark.parametrize(("allowed", "state", "restarts"), [(0, TaskState.FAILED, 0), (1, TaskState.STARTING, 1)])
+@in_loop
+async def test_a_task_stopped_at_its_cap_is_restarted_only_as_often_as_memory_cap_restarts_allow(
+    tmp_path: Path, allowed: int, state: TaskState, restarts: int
+) -> None:
+    rig = Rig(tmp_path, memory_cap_restarts=allowed)
+    rec = rig.task(cap_bytes=10 * MiB)
+    await rig.sup.start(rec)
+    rig.probe.bytes[rig.worker(rec).pid] = 11 * MiB
+    rig.sup.check_memory()
+    rig.worker(rec).exit(-9)
+    assert (rec.state, rec.restarts) == (state, restarts)
+    assert "memory_cap_exceeded: 11 MiB in use, cap 10 MiB" in rec.reason
+
+
+@in_loop
+async def test_shutdown_cancels_pending_restarts_and_stops_every_worker(rig: Rig) -> None:
+    crashed, running = rig.task(), rig.task()
+    await rig.sup.start(crashed)
+    await rig.sup.start(running)
+    rig.worker(crashed).exit(1)
+    (restart,) = rig.timers.pending()
+    worker = rig.worker(running)
+    stopping = asyncio.ensure_future(rig.sup.shutdown())
+    await worker.killed.wait()
+    assert restart.cancelled
+    assert worker.kills == ["agent shutting down"]  # not attached: killed rather than asked
+    worker.exit(-9)
+    await stopping
+    assert running.state is TaskState.STARTING  # left for the next agent to resume
