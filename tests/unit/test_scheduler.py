@@ -653,3 +653,11 @@ def test_a_probe_never_jumps_ahead_of_a_higher_priority_task_that_fits(h: Harnes
     assert len(high.grants()) == 40
     probed = {g[1] for g in stale.grants()}
     assert probed and probed <= {g[1] for g in high.grants()}  # only tails the higher priority left
+
+
+def test_a_wait_between_schedule_steps_is_counted_but_never_harvested(h: Harness) -> None:
+    port = h.add("a")
+    h.sched.on_bubble(Edge(True, False, rank=0, slot=0, iteration=0, time_ns=0, expected_duration_ns=LENGTH))
+    h.sched.on_bubble(Edge(False, False, rank=0, slot=0, iteration=0, time_ns=LENGTH))
+    assert port.calls == []
+    assert (h.sched.gpu.events, h.sched.gpu.bubbles) == (2, 0)
