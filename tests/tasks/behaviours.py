@@ -107,10 +107,10 @@ class Pieces(ImperativeTask):
 
 
 class Hog(Counter):
-    """Grows by `step_mb` of touched memory every step: past any cap, eventually."""
+    """Grows by `step_mb` of touched memory every step (each at least `step_ms` long): past any cap, eventually."""
 
-    def __init__(self, step_mb: int = 4) -> None:
-        super().__init__(1.0)
+    def __init__(self, step_mb: int = 4, step_ms: float = 1.0) -> None:
+        super().__init__(step_ms)
         self.step_bytes = step_mb * 2**20
         self.held: list[bytearray] = []
 
@@ -142,8 +142,8 @@ class EnvDump(Counter):
 class TimedHog(Hog):
     """A Hog that writes the wall-clock time at which its own memory first passed `mark_mb` into `marker`."""
 
-    def __init__(self, marker: str, mark_mb: int, step_mb: int = 4) -> None:
-        super().__init__(step_mb)
+    def __init__(self, marker: str, mark_mb: int, step_mb: int = 4, step_ms: float = 1.0) -> None:
+        super().__init__(step_mb, step_ms)
         self.marker = Path(marker)
         self.mark_bytes = mark_mb * 2**20
 
