@@ -85,14 +85,6 @@ class Agent:
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None
 
-    @property
-    def records(self) -> dict[str, TaskRecord]:
-        return self.table.records
-
-    @property
-    def shutting_down(self) -> bool:
-        return self.supervisor.stopping
-
     def _call_at(self, when_ns: int, fn: Callable[[], None]) -> TimerHandle:
         # asyncio's clock is time.monotonic, the same CLOCK_MONOTONIC the trainer stamps events with.
         return self._loop.call_at(when_ns / 1e9, fn)
@@ -150,7 +142,7 @@ class Agent:
         return rec
 
     async def submit(self, spec: TaskSpec) -> TaskRecord:
-        if self.shutting_down:
+        if self.supervisor.stopping:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         check_spec(spec, self.memory.device_total_bytes())
         checked = await check_ref(spec)

@@ -56,7 +56,7 @@ def take_snapshot(agent: Agent) -> Snapshot:
         bubble_lengths=agent.scheduler.bubble_lengths.copy(),
         memory_bytes={i: rt.memory_bytes for i, rt in agent.table.live.items()
                       if rt.worker is not None and rt.memory_bytes is not None},
-        task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.records.items()},
+        task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.table.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
     )
 

@@ -77,7 +77,7 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
             if state is None:
                 raise InvalidSpecError(f"unknown task state {value}")
             wanted.add(state)
-        infos = [self._info(r) for r in self._agent.records.values() if not wanted or r.state in wanted]
+        infos = [self._info(r) for r in self._agent.table.records.values() if not wanted or r.state in wanted]
         return tasks_pb2.ListResponse(tasks=infos)
 
     @_status_errors
