@@ -63,6 +63,7 @@ class Supervisor:
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart
         self._watchdog: TimerHandle | None = None
+        self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
         self.checkpoint_dir = config.state_dir / "checkpoints"
         self.stopping = False
@@ -92,6 +93,10 @@ class Supervisor:
         rt.waiting = None
         return True
 
+    def _admit_after_exit(self) -> None:
+        self._admission_pass = None
+        self.admit_waiting()
+
     def admit_waiting(self) -> None:
         """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
         if self.stopping:
@@ -108,6 +113,12 @@ class Supervisor:
     async def start(self, rec: TaskRecord, reason: str = "") -> None:
         """Admit the task and start its worker. A task that does not fit waits (admit_waiting starts it);
         a worker that cannot be started is a crash: restarted with backoff, then FAILED."""
+        try:
+            await self._start(rec, reason)
+        except Exception as exc:  # nothing else would ever report on this start
+            self._start_failed(rec, exc)
+
+    async def _start(self, rec: TaskRecord, reason: str) -> None:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
             return
         rt = self._table.runtime(rec.id)
@@ -118,12 +129,10 @@ class Supervisor:
         rt.spawning = True
         try:
             env = self._memory.client_env(rec.spec.mem_limit_bytes, rec.spec.no_mps)
-            worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
-        except Exception as exc:  # no process: nothing else will ever report on this start
+            rt.worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
+        finally:
             rt.spawning = False
-            self._start_failed(rec, rt, exc)
-            return
-        rt.spawning, rt.worker = False, worker
+        worker = rt.worker
         if self._memory.client_started(worker.pid, rec.spec.no_mps):
             worker.before_kill = self._memory.terminate_client
         if rec.state is TaskState.SUBMITTED:  # paused and resumed while its process was being created
@@ -132,14 +141,16 @@ class Supervisor:
             self._stop(rt, worker, rec.state)
 
     def _start_soon(self, rec: TaskRecord, reason: str) -> None:
-        # start() handles a failed spawn itself; anything else it raises is logged by the owner.
-        self._background.spawn(self.start(rec, reason))
+        self._background.spawn(self.start(rec, reason))  # (start() acts on its own failures)
 
-    def _start_failed(self, rec: TaskRecord, rt: TaskRuntime, exc: Exception) -> None:
+    def _start_failed(self, rec: TaskRecord, exc: Exception) -> None:
         log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
-        if self._table.live.get(rec.id) is rt:
-            del self._table.live[rec.id]  # its reservation goes with it
-        if not self.stopping and rec.state is TaskState.STARTING:
+        worker = self._table.worker(rec.id)
+        if worker is not None:  # it failed after the spawn: the worker's exit is the crash
+            worker.kill(f"could not start its worker: {exc}")
+            return
+        self._table.live.pop(rec.id, None)  # its wait or its reservation goes with it
+        if not self.stopping and rec.state in (TaskState.SUBMITTED, TaskState.STARTING):
             self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
 
     def _on_exit(self, worker: Worker, code: int) -> None:
@@ -148,8 +159,8 @@ class Supervisor:
         self._scheduler.remove_task(worker.task_id)
         rec = self._table.records[worker.task_id]
         log.info("task %s: %s", rec.id, describe_exit(code))
-        if self._table.waiting_count():
-            self._call_later(0, self.admit_waiting)  # after this exit's own state change
+        if self._table.waiting_count() and self._admission_pass is None:
+            self._admission_pass = self._call_later(0, self._admit_after_exit)  # after this exit's own state change
         # A worker stopped by pause or cancel ends here: the state changed when the stop was asked.
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
             return
@@ -221,8 +232,9 @@ class Supervisor:
         self.stopping = True
         for task_id in list(self._restarts):
             self._cancel_restart(task_id)
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for timer in (self._watchdog, self._admission_pass):
+            if timer is not None:
+                timer.cancel()
         await self.settle()  # (a spawn takes milliseconds)
         for rt in list(self._table.live.values()):
             if rt.worker is not None and not self._send(rt, Control.PAUSE):

@@ -114,6 +114,19 @@ async def test_a_spawn_that_keeps_raising_ends_failed_after_the_tasks_restarts(r
     assert "could not start its worker: spawn broke" in rec.reason and "gave up after 0 restarts" in rec.reason
 
 
+@in_loop
+async def test_a_start_that_breaks_before_the_spawn_is_a_crash_too(rig: Rig) -> None:
+    def gpu_query_breaks(*_: object) -> int:
+        raise RuntimeError("NVML went away")
+
+    rig.memory.usable_bytes = gpu_query_breaks  # type: ignore[method-assign]
+    rec = rig.task(cap_bytes=64 * MiB)  # a capped task: admission asks the GPU
+    await rig.sup.start(rec)
+    assert rec.state is TaskState.STARTING and "could not start its worker: NVML went away" in rec.reason
+    assert rig.launcher.workers == [] and rig.table.live == {}
+    assert len(rig.timers.pending()) == 1  # restarted with backoff
+
+
 # -- stop ------------------------------------------------------------------------------------------
 
 
