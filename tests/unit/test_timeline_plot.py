@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride import timeline
+from freeride.tooling import plot
 from freeride.v1 import tasks_pb2
 
 MS = 1_000_000
@@ -26,12 +26,12 @@ def _answer() -> tasks_pb2.TimelineResponse:
 
 
 def test_labels_are_names_or_classes_with_the_id_where_names_repeat() -> None:
-    labels = timeline.task_labels([_task("a", "resnet"), _task("b", "resnet"), _task("c", ref="sidetasks.x:PageRank")])
+    labels = plot.task_labels([_task("a", "resnet"), _task("b", "resnet"), _task("c", ref="sidetasks.x:PageRank")])
     assert labels == {"a": "resnet (a)", "b": "resnet (b)", "c": "PageRank"}
 
 
 def test_an_agents_answer_becomes_one_lane_with_its_bubbles_windows_and_steps() -> None:
-    (lane,) = timeline.lanes_from_timeline(_answer())
+    (lane,) = plot.lanes_from_timeline(_answer())
     assert lane.label == "GPU 3"
     assert lane.bubbles == [(0, 5 * MS), (10 * MS, 20 * MS)]
     assert lane.windows == [(10 * MS, 19 * MS)]
@@ -40,17 +40,17 @@ def test_an_agents_answer_becomes_one_lane_with_its_bubbles_windows_and_steps() 
 
 
 def test_the_range_ends_at_the_last_side_task_step() -> None:
-    lanes = timeline.lanes_from_timeline(_answer())
-    assert timeline.busiest_range(lanes, 10 * MS) == (6 * MS, 16 * MS)
+    lanes = plot.lanes_from_timeline(_answer())
+    assert plot.busiest_range(lanes, 10 * MS) == (6 * MS, 16 * MS)
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    lanes = timeline.lanes_from_timeline(_answer())
-    out = timeline.plot(lanes, tmp_path / "sub" / "t.png", 0, 20 * MS, "a title", marks=[(10 * MS, "iteration 1")])
+    lanes = plot.lanes_from_timeline(_answer())
+    out = plot.plot(lanes, tmp_path / "sub" / "t.png", 0, 20 * MS, "a title", marks=[(10 * MS, "iteration 1")])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_without_matplotlib_plotting_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    with pytest.raises(timeline.PlotUnavailableError, match="pip install"):
-        timeline.plot(timeline.lanes_from_timeline(_answer()), tmp_path / "t.png", 0, 20 * MS, "t")
+    with pytest.raises(plot.PlotUnavailableError, match="pip install"):
+        plot.plot(plot.lanes_from_timeline(_answer()), tmp_path / "t.png", 0, 20 * MS, "t")
