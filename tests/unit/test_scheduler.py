@@ -661,3 +661,34 @@ def test_a_wait_between_schedule_steps_is_counted_but_never_harvested(h: Harness
     h.sched.on_bubble(Edge(False, False, rank=0, slot=0, iteration=0, time_ns=LENGTH))
     assert port.calls == []
     assert (h.sched.gpu.events, h.sched.gpu.bubbles) == (2, 0)
+
+
+@dataclass
+class OrderedPort(FakePort):
+    """A port that also writes its grants into one log shared by every task: who went first in a window."""
+
+    task_id: str = ""
+    log: list[tuple[int, str]] = field(default_factory=list)
+
+    def grant(self, window_id: int, until_ns: int) -> None:
+        super().grant(window_id, until_ns)
+        self.log.append((window_id, self.task_id))
+
+
+def test_a_probe_never_takes_a_window_before_a_higher_priority_task_that_fits(h: Harness) -> None:
+    log: list[tuple[int, str]] = []
+    for task_id, priority, estimate in (("stale", 1, 300 * MS), ("high", 9, 1 * MS)):
+        h.sched.add_task(TaskSlot(task_id, priority, OrderedPort(task_id=task_id, log=log), Counters(), estimate))
+    for i in range(40):
+        h.start(i * PERIOD, hint=LENGTH, iteration=i)
+        first = log[-1][1]
+        if i == 0:  # busy to the END: no tail this time, so stale's count of passed-over dispatches turns odd
+            h.end(i * PERIOD + LENGTH, iteration=i)  # and its probe falls due at a window's first dispatch
+            h.done(first, i + 1)
+            continue
+        h.done(first, i + 1)  # the first holder goes idle: the tail goes to the other (a probe of stale)
+        h.done("stale" if first == "high" else "high", i + 1)
+        h.end(i * PERIOD + LENGTH, iteration=i)
+    firsts = {wid: task for wid, task in reversed(log)}  # each window's first grant
+    assert len(firsts) == 40 and set(firsts.values()) == {"high"}
+    assert any(task == "stale" for _, task in log)  # the probe did happen, in tails only
