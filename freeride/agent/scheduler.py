@@ -39,7 +39,7 @@ class WindowPort(Protocol):
     """How the scheduler reaches one worker's window word (see freeride.core.window)."""
 
     def grant(self, window_id: int, until_ns: int) -> None: ...
-    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None: ...
+    def revoke(self, window_id: int, until_ns: int) -> None: ...
 
 
 Clock = Callable[[], int]
@@ -266,7 +266,7 @@ class Scheduler:
                 self._current = None
             if w.holder:
                 task = self.tasks[w.holder]
-                task.port.revoke(w.id, end_ns, w.until_ns)
+                task.port.revoke(w.id, w.until_ns)
                 self._arm_hang_timer(task)
         self._maybe_account(w)
 

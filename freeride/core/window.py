@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-_LAYOUT = struct.Struct("<QQqQq")  # seq, window_id, until_ns, open, end_ns
+_LAYOUT = struct.Struct("<QQqQ")  # seq, window_id, until_ns, open
 SIZE = 64
 
 
@@ -24,7 +24,6 @@ class WindowWord(NamedTuple):
     window_id: int
     until_ns: int
     open: bool
-    end_ns: int
 
 
 class WindowWriter:
@@ -41,9 +40,9 @@ class WindowWriter:
         self.read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
 
-    def _store(self, window_id: int, until_ns: int, is_open: bool, end_ns: int) -> None:
+    def _store(self, window_id: int, until_ns: int, is_open: bool) -> None:
         self._seq += 1  # odd: a write is in progress
-        _LAYOUT.pack_into(self._mm, 0, self._seq, window_id, until_ns, int(is_open), end_ns)
+        _LAYOUT.pack_into(self._mm, 0, self._seq, window_id, until_ns, int(is_open))
         self._seq += 1
         struct.pack_into("<Q", self._mm, 0, self._seq)
         # BlockingIOError: the worker has unread wake-ups already; it reads the word, not the bytes.
@@ -52,10 +51,10 @@ class WindowWriter:
             os.write(self._write_fd, b"w")
 
     def grant(self, window_id: int, until_ns: int) -> None:
-        self._store(window_id, until_ns, True, 0)
+        self._store(window_id, until_ns, True)
 
-    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None:
-        self._store(window_id, until_ns, False, end_ns)
+    def revoke(self, window_id: int, until_ns: int) -> None:
+        self._store(window_id, until_ns, False)
 
     def close_child_end(self) -> None:
         """After the worker was spawned with the read end, the agent drops its copy."""
@@ -80,9 +79,9 @@ class WindowReader:
 
     def read(self) -> WindowWord:
         while True:
-            seq, window_id, until_ns, is_open, end_ns = _LAYOUT.unpack_from(self._mm, 0)
+            seq, window_id, until_ns, is_open = _LAYOUT.unpack_from(self._mm, 0)
             if seq & 1 == 0 and struct.unpack_from("<Q", self._mm, 0)[0] == seq:
-                return WindowWord(window_id, until_ns, bool(is_open), end_ns)
+                return WindowWord(window_id, until_ns, bool(is_open))
 
     def drain(self) -> bool:
         """Consume pending wake-ups; False when the agent's end is closed (the agent is gone)."""

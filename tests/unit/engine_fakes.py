@@ -80,8 +80,8 @@ class FakeWindow:
     def grant(self, window_id: int, until_ns: int) -> None:
         self.calls.append(("grant", window_id, until_ns))
 
-    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None:
-        self.calls.append(("revoke", window_id, end_ns, until_ns))
+    def revoke(self, window_id: int, until_ns: int) -> None:
+        self.calls.append(("revoke", window_id, until_ns))
 
 
 _pids = itertools.count(40_000)

@@ -47,8 +47,8 @@ class FakePort:
     def grant(self, window_id: int, until_ns: int) -> None:
         self.calls.append(("grant", window_id, until_ns))
 
-    def revoke(self, window_id: int, end_ns: int, until_ns: int) -> None:
-        self.calls.append(("revoke", window_id, end_ns, until_ns))
+    def revoke(self, window_id: int, until_ns: int) -> None:
+        self.calls.append(("revoke", window_id, until_ns))
 
     def grants(self) -> list[tuple[object, ...]]:
         return [c for c in self.calls if c[0] == "grant"]
@@ -239,7 +239,7 @@ def test_end_edge_closes_the_window_and_revokes_the_holder(h: Harness) -> None:
     until = t + LENGTH - MARGIN
     until_timer = h.pending_timers()[0]
     h.end(t + LENGTH, iteration=2)
-    assert port.revokes() == [("revoke", 1, t + LENGTH, until)]
+    assert port.revokes() == [("revoke", 1, until)]
     assert until_timer.cancelled
 
 
@@ -251,7 +251,7 @@ def test_until_timer_closes_the_window_if_the_end_edge_has_not_come(h: Harness) 
     (timer,) = h.pending_timers()
     assert timer.at == until
     h.fire(timer)
-    assert port.revokes() == [("revoke", 1, 0, until)]
+    assert port.revokes() == [("revoke", 1, until)]
 
 
 def test_window_closed_by_its_timer_frees_the_gpu_for_another_window(h: Harness) -> None:
@@ -267,7 +267,7 @@ def test_trainer_gone_closes_the_open_window(h: Harness) -> None:
     port = h.add("a")
     h.start(0, hint=LENGTH)
     h.sched.trainer_gone(0)
-    assert port.revokes() == [("revoke", 1, 0, LENGTH - MARGIN)]
+    assert port.revokes() == [("revoke", 1, LENGTH - MARGIN)]
     h.done("a", 1)
     (acct,) = h.accounts  # no END will come: accounted up to the predicted end
     assert acct.record.bubble_end_ns == LENGTH
@@ -284,7 +284,7 @@ def test_a_new_start_on_the_same_rank_closes_a_window_whose_end_was_lost(h: Harn
     port = h.add("a")
     h.start(0, slot=0, hint=LENGTH)
     h.start(30 * MS, slot=1)  # slot 0's END never arrived
-    assert port.revokes() == [("revoke", 1, 0, LENGTH - MARGIN)]
+    assert port.revokes() == [("revoke", 1, LENGTH - MARGIN)]
 
 
 # -- accounting ------------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def test_reports_for_unknown_windows_are_ignored(h: Harness) -> None:
     h.end(LENGTH)
     h.done("a", 1)
     assert h.accounts[0].per_task["a"].steps == 0
-    assert port.revokes() == [("revoke", 1, LENGTH, LENGTH - MARGIN)]
+    assert port.revokes() == [("revoke", 1, LENGTH - MARGIN)]
 
 
 # -- tail filling ----------------------------------------------------------------------------------
@@ -440,7 +440,7 @@ def test_no_fit_hands_the_rest_of_the_window_to_a_task_whose_step_fits(h: Harnes
 
     h.steps("small", 1, (t + 8 * MS, 1 * MS))
     h.end(t + LENGTH, iteration=2)
-    assert small.revokes() == [("revoke", 1, t + LENGTH, until)]
+    assert small.revokes() == [("revoke", 1, until)]
     assert big.revokes() == []
     h.done("small", 1)
     (acct,) = h.accounts
@@ -538,7 +538,7 @@ def test_end_edge_at_the_start_instant_still_revokes_the_holder(h: Harness) -> N
     port = h.add("a")
     h.start(5 * MS, hint=LENGTH)
     h.end(5 * MS)  # a zero-length bubble (coarse clock): the GPU is needed again at once
-    assert port.revokes() == [("revoke", 1, 5 * MS, 5 * MS + LENGTH - MARGIN)]
+    assert port.revokes() == [("revoke", 1, 5 * MS + LENGTH - MARGIN)]
 
 
 def test_a_task_that_goes_idle_late_takes_the_window_that_opened_while_it_was_busy(h: Harness) -> None:

@@ -41,7 +41,7 @@ def test_a_window_revoked_before_the_worker_woke_is_reported_done_so_the_task_is
     h = Harness(tmp_path)
     far = time.monotonic_ns() + 10**9
     h.writer.grant(1, far)
-    h.writer.revoke(1, 0, far)  # the bubble ended before the worker read the word
+    h.writer.revoke(1, far)  # the bubble ended before the worker read the word
     waiter = h.acquire_in_background()
     assert h.window_done.wait(5)
     assert h.done() == [(1, pb.WINDOW_END_REASON_REVOKED)]
