@@ -2,20 +2,19 @@
 
 A name (module or attribute) whose last dotted part starts with one underscore belongs to the package
 that holds it: `freeride.trainer._waits` may be imported by `freeride.trainer.deepspeed`, not by
-`freeride.tooling.demo_report`; `from freeride.cli.commands import _client` from outside
+`freeride.tooling.demo.report`; `from freeride.cli.commands import _helper` from outside
 `freeride.cli` breaks it too. Declared in pyproject.toml ([tool.importlinter]) and run by
 `./dev.sh test` with the layer contracts.
 """
 
 from __future__ import annotations
 
-import re
+import ast
+import importlib.util
 from typing import Any
 
 import grimp
 from importlinter import Contract, ContractCheck, fields, output
-
-_FROM_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+\(?([^)#]*)")
 
 
 def _private(part: str) -> bool:
@@ -38,6 +37,32 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _imported_names(module: str, modules: set[str]) -> list[tuple[int, str, list[str], bool]]:
+    """Every name the module's source imports, from any import statement (one line or several):
+    (line, statement, dotted parts, whether the last part is an attribute rather than a module)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return []
+    with open(spec.origin) as f:
+        source = f.read()
+    package = module if spec.origin.endswith("__init__.py") else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        text = (ast.get_source_segment(source, node) or "").split("\n")[0]
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, text, a.name.split("."), False) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importer's package up
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            out.append((node.lineno, text, base.split("."), False))
+            for a in node.names:
+                dotted = f"{base}.{a.name}"
+                out.append((node.lineno, text, dotted.split("."), dotted not in modules))
+    return out
+
+
 class PrivateImportsContract(Contract):
     """Modules of `containers` import no private module or name from outside their own package."""
 
@@ -46,24 +71,18 @@ class PrivateImportsContract(Contract):
 
     def check(self, graph: grimp.ImportGraph, verbose: bool) -> ContractCheck:
         containers: list[str] = list(self.containers)  # type: ignore[call-overload]
+        modules = set(graph.modules)
+        ours = {m.split(".")[0] for m in modules}  # other libraries' privates are their business
         broken: list[dict[str, Any]] = []
-        for importer in sorted(graph.modules):
+        for importer in sorted(modules):
             if not any(_inside(importer, c) for c in containers):
                 continue
-            for imported in sorted(graph.find_modules_directly_imported_by(importer)):
-                for detail in graph.get_import_details(importer=importer, imported=imported):
-                    names = [(imported.split("."), False)]
-                    match = _FROM_IMPORT.match(detail["line_contents"])
-                    if match:  # `from package.module import a, _b`: the names after import count too
-                        for name in (n.split()[0] for n in match.group(2).split(",") if n.strip()):
-                            dotted = f"{match.group(1)}.{name}"
-                            names.append((dotted.split("."), dotted not in graph.modules))
-                    for parts, attribute in names:
-                        owner = _owner(parts, attribute)
-                        if owner is not None and not _inside(importer, owner):
-                            broken.append({"importer": importer, "line": detail["line_number"],
-                                           "text": detail["line_contents"].strip(), "owner": owner})
-                            break
+            seen: set[int] = set()
+            for line, text, parts, attribute in _imported_names(importer, modules):
+                owner = _owner(parts, attribute)
+                if parts[0] in ours and owner is not None and not _inside(importer, owner) and line not in seen:
+                    seen.add(line)  # one report per statement
+                    broken.append({"importer": importer, "line": line, "text": text, "owner": owner})
         return ContractCheck(kept=not broken, metadata={"broken": broken})
 
     def render_broken_contract(self, check: ContractCheck) -> None:

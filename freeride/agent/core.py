@@ -121,7 +121,7 @@ class Agent:
 
     async def shutdown(self) -> int:
         """Checkpoint and stop every worker (within the grace period), then write the final state.
-        0 once it is written; 1 if it could not be. A second call returns the first one's answer."""
+        0 once it is written; 1 if it could not be. A call after the first one ended returns its answer."""
         if self._exit_code is None:
             self.store.hold()
             await self.supervisor.shutdown()

@@ -150,7 +150,7 @@ class Store:
             log.error(
                 "%s (%d failed writes so far). Tasks and the harvest ledger are kept in memory and written again "
                 "every %.0fs; new submissions are refused until a write succeeds. Free space or fix %s.",
-                error, self._failures, _DB_RETRY_S, self._state_dir,
+                error, self._failures, self._retry_s, self._state_dir,
             )
         self.error = error
         self.mark_dirty(ids, ledger, delay_s=self._retry_s)  # (no timer while holding: close() retries)

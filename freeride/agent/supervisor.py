@@ -95,7 +95,10 @@ class Supervisor:
 
     def _admit_after_exit(self) -> None:
         self._admission_pass = None
-        self.admit_waiting()
+        try:
+            self.admit_waiting()
+        except Exception:  # a timer callback: nobody else would see it; the watchdog's pass tries again
+            log.exception("admitting waiting tasks after a worker's exit failed")
 
     def admit_waiting(self) -> None:
         """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
@@ -135,7 +138,9 @@ class Supervisor:
         worker = rt.worker
         if self._memory.client_started(worker.pid, rec.spec.no_mps):
             worker.before_kill = self._memory.terminate_client
-        if rec.state is TaskState.SUBMITTED:  # paused and resumed while its process was being created
+        if self.stopping:  # the agent began to shut down while the process was being created
+            self._stop(rt, worker, TaskState.PAUSED)
+        elif rec.state is TaskState.SUBMITTED:  # paused and resumed while its process was being created
             self._table.set_state(rec, TaskState.STARTING, reason)
         elif rec.state in _CONTROL:  # paused or cancelled meanwhile
             self._stop(rt, worker, rec.state)
@@ -150,7 +155,7 @@ class Supervisor:
             worker.kill(f"could not start its worker: {exc}")
             return
         self._table.live.pop(rec.id, None)  # its wait or its reservation goes with it
-        if not self.stopping and rec.state in (TaskState.SUBMITTED, TaskState.STARTING):
+        if not self.stopping and (rec.state is TaskState.SUBMITTED or rec.state.active):
             self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
 
     def _on_exit(self, worker: Worker, code: int) -> None:

@@ -141,7 +141,10 @@ class WorkerLauncher:
             os.killpg(worker.proc.pid, signal.SIGKILL)
         worker.window.close()
         worker.exited.set()
-        on_exit(worker, code)
+        try:
+            on_exit(worker, code)
+        except Exception:  # the supervisor's bug must not also leave escaped processes running
+            log.exception("task %s: handling its worker's exit failed", worker.task_id)
         # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark:
         # a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
         escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)

@@ -50,6 +50,7 @@ def test_a_package_may_use_its_own_private_modules_and_names(package: Path):
     "import pkg.low._impl\n",
     "from pkg.low import _impl\n",
     "from pkg.low.api import shown, _hidden\n",
+    "from pkg.low.api import (\n    shown,\n    _hidden,\n)\n",
 ])
 def test_reaching_into_another_package_private_name_breaks_it(package: Path, line: str):
     result = check(package, line)
