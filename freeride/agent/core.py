@@ -35,10 +35,11 @@ from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.pubsub import Hub
 from freeride.agent.refcheck import check_ref
-from freeride.agent.scheduler import Scheduler, SchedulerConfig, TimerHandle
+from freeride.agent.scheduler import Scheduler, SchedulerConfig
 from freeride.agent.store import Database, Store
 from freeride.agent.supervisor import Launcher, Supervisor
 from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
+from freeride.agent.timers import TimerHandle
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
 from freeride.core.stats import percentile

@@ -18,6 +18,7 @@ from freeride.agent.histogram import Histogram
 from freeride.agent.model import Counters
 from freeride.agent.policy import Candidate, choose
 from freeride.agent.predictor import MarginController, SlotPredictor
+from freeride.agent.timers import CallAt, Clock, TimerHandle
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,6 @@ HISTORY_MAX_STEPS = 50_000  # steps in one history answer (one Timeline message)
 _PROBE_AFTER = 16
 
 
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
 class WindowPort(Protocol):
     """How the scheduler reaches one worker's window word (see freeride.core.window)."""
 
@@ -42,8 +39,6 @@ class WindowPort(Protocol):
     def revoke(self, window_id: int, until_ns: int) -> None: ...
 
 
-Clock = Callable[[], int]
-CallAt = Callable[[int, Callable[[], None]], TimerHandle]
 
 
 @dataclass

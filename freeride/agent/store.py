@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from freeride.agent.model import Counters, TaskRecord
 from freeride.agent.registry import RegistryWriteError
-from freeride.agent.scheduler import TimerHandle
+from freeride.agent.timers import CallLater, TimerHandle
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
@@ -30,7 +30,6 @@ _DB_RETRY_S = 1.0  # while the state database cannot be written (disk full): ret
 _DB_ERROR_LOG_EVERY_S = 60.0
 _FINAL_WRITE_ATTEMPTS = 3
 
-CallLater = Callable[[float, Callable[[], None]], TimerHandle]
 
 
 class Database(Protocol):

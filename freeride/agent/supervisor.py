@@ -31,14 +31,14 @@ from freeride.agent.events import (
 )
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import TaskRecord, TaskState
-from freeride.agent.scheduler import Scheduler, TaskSlot, TimerHandle
+from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
+from freeride.agent.timers import CallLater, TimerHandle
 from freeride.agent.workers import describe_exit, last_log_line
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
 
-CallLater = Callable[[float, Callable[[], None]], TimerHandle]
 _CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
 
 
