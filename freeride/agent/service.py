@@ -187,6 +187,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         finally:
             reader.cancel()
             self._agent.detach(hello.task_id, hello.instance)
+            await asyncio.gather(reader, return_exceptions=True)  # owned: ended before the stream is
 
     async def _read(
         self,
