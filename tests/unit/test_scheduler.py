@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from engine_fakes import Timer as FakeTimer
 
 from freeride.agent.events import Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.model import Counters
@@ -23,21 +24,6 @@ LENGTH = 10 * MS  # the bubble length of slot 0 in the fake trainer
 
 
 # -- fakes -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class FakeTimer:
-    at: int
-    fn: Callable[[], None]
-    cancelled: bool = False
-    fired: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    @property
-    def pending(self) -> bool:
-        return not self.cancelled and not self.fired
 
 
 @dataclass
