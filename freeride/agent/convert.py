@@ -192,13 +192,18 @@ def event_to_pb(event: AgentEvent) -> tasks_pb2.AgentEvent:
 
 # -- stats -----------------------------------------------------------------------------------------
 def gpu_memory_to_pb(m: GpuMemory) -> tasks_pb2.GpuMemory:
-    return tasks_pb2.GpuMemory(
-        mode=m.mode, name=m.name, uuid=m.uuid, compute_mode=m.compute_mode, mps=m.mps, total_bytes=m.total_bytes,
-        used_bytes=m.used_bytes, free_bytes=m.free_bytes, side_tasks_used_bytes=m.side_tasks_used_bytes,
-        side_tasks_reserved_bytes=m.side_tasks_reserved_bytes, others_used_bytes=m.others_used_bytes,
-        trainer_peak_bytes=m.trainer_peak_bytes, usable_bytes=-1 if m.usable_bytes is None else m.usable_bytes,
+    out = tasks_pb2.GpuMemory(
+        mode=m.mode, mps=m.mps, side_tasks_used_bytes=m.side_tasks_used_bytes,
+        side_tasks_reserved_bytes=m.side_tasks_reserved_bytes, trainer_peak_bytes=m.trainer_peak_bytes,
+        usable_bytes=-1 if m.usable_bytes is None else m.usable_bytes,
         headroom_bytes=m.headroom_bytes, waiting_tasks=m.waiting_tasks,
     )
+    d = m.device
+    if d is not None:
+        out.name, out.uuid, out.compute_mode = d.name, d.uuid, d.compute_mode
+        out.total_bytes, out.used_bytes, out.free_bytes = d.total_bytes, d.used_bytes, d.free_bytes
+        out.others_used_bytes = d.others_used_bytes
+    return out
 
 
 def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:

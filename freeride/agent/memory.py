@@ -8,7 +8,6 @@ and keeps nothing per task (reservations and samples live in the task table).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -79,17 +78,12 @@ class MemoryGuard:
             self.trouble(exc)
             snap = None
         usable = usable_bytes(trainer_free_bytes, snap.available_bytes if snap else None, self._headroom)
-        side = GpuMemory(
+        device = snap if snap is not None and snap.mode != "cpu" else None
+        return GpuMemory(
             mode=self.gpu.mode, mps=self.gpu.mps_state().label,
             side_tasks_used_bytes=snap.workers_used_bytes if snap else 0, side_tasks_reserved_bytes=reserved_bytes,
-            usable_bytes=usable, headroom_bytes=self._headroom, waiting_tasks=waiting,
-        )
-        if snap is None or snap.mode == "cpu":
-            return side
-        return dataclasses.replace(
-            side, name=snap.name, uuid=snap.uuid, compute_mode=snap.compute_mode, total_bytes=snap.total_bytes,
-            used_bytes=snap.used_bytes, free_bytes=snap.free_bytes, others_used_bytes=snap.others_used_bytes,
-            trainer_peak_bytes=max(0, snap.total_bytes - trainer_free_bytes) if trainer_free_bytes > 0 else 0,
+            usable_bytes=usable, headroom_bytes=self._headroom, waiting_tasks=waiting, device=device,
+            trainer_peak_bytes=max(0, device.total_bytes - trainer_free_bytes) if device and trainer_free_bytes else 0,
         )
 
     # -- MPS clients -----------------------------------------------------------------------------

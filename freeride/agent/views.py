@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freeride.agent.events import BubbleSpan, TaskView, WindowRecord
+from freeride.gpu.control import GpuSnapshot
 
 
 @dataclass(frozen=True, slots=True)
 class GpuMemory:
-    """Memory on the agent's GPU and who holds it. In CPU mode only the side-task figures are set."""
+    """Memory on the agent's GPU and who holds it. In CPU mode (or when the query failed) only the
+    side-task figures are known: `device` is None."""
 
     mode: str  # cpu | nvml | fake
     mps: str  # off | started | existing | unavailable
@@ -18,13 +20,7 @@ class GpuMemory:
     usable_bytes: int | None  # admission budget for side tasks in all (None: unbounded)
     headroom_bytes: int
     waiting_tasks: int  # tasks that wait for memory
-    name: str = ""
-    uuid: str = ""
-    compute_mode: str = ""
-    total_bytes: int = 0
-    used_bytes: int = 0
-    free_bytes: int = 0
-    others_used_bytes: int = 0  # used by processes that are not workers: the trainer's share
+    device: GpuSnapshot | None = None  # the device now: name, totals, the trainer's share
     trainer_peak_bytes: int = 0  # total minus the trainer's free-memory hint (0: no hint)
 
 
