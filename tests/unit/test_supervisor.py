@@ -128,10 +128,10 @@ async def test_a_start_that_breaks_before_the_spawn_is_a_crash_too(rig: Rig) -> 
 
 
 # -- stop ------------------------------------------------------------------------------------------
+STOPS = [(TaskState.PAUSED, Control.PAUSE), (TaskState.CANCELLED, Control.CANCEL)]  # a stop, the control it sends
 
 
-@pytest.mark.parametrize(("desired", "control"), [(TaskState.PAUSED, Control.PAUSE),
-                                                  (TaskState.CANCELLED, Control.CANCEL)])
+@pytest.mark.parametrize(("desired", "control"), STOPS)
 @in_loop
 async def test_a_stop_asks_an_attached_worker_for_the_matching_control(
     rig: Rig, desired: TaskState, control: Control
@@ -150,8 +150,7 @@ async def test_a_stop_asks_an_attached_worker_for_the_matching_control(
     assert rig.timers.pending() == [] and rig.table.live == {}
 
 
-@pytest.mark.parametrize(("desired", "control"), [(TaskState.PAUSED, Control.PAUSE),
-                                                  (TaskState.CANCELLED, Control.CANCEL)])
+@pytest.mark.parametrize(("desired", "control"), STOPS)
 @in_loop
 async def test_a_worker_stopped_before_it_attached_is_killed_and_told_the_matching_control_if_it_attaches(
     rig: Rig, desired: TaskState, control: Control
