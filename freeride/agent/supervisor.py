@@ -274,16 +274,14 @@ class Supervisor:
         self.watch_memory()
 
     def _check_caps(self) -> None:
-        live = {task_id: rt for task_id, rt in self._table.live.items() if rt.worker is not None}
-        sampled = self._memory.sample({task_id: rt.worker.pid for task_id, rt in live.items()
-                                       if rt.worker is not None})
+        live = {task_id: (rt, rt.worker) for task_id, rt in self._table.live.items() if rt.worker is not None}
+        sampled = self._memory.sample({task_id: worker.pid for task_id, (_, worker) in live.items()})
         for task_id, used in sampled.items():
-            rt, rec = live[task_id], self._table.records[task_id]
+            (rt, worker), rec = live[task_id], self._table.records[task_id]
             rt.memory_bytes = used
             rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
             cap = rec.spec.mem_limit_bytes
-            worker = rt.worker
-            if worker is not None and cap and used > cap and not worker.kill_reason:
+            if cap and used > cap and not worker.kill_reason:
                 reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
                 log.warning("task %s: %s; stopping its worker", task_id, reason)
                 worker.retryable = rec.restarts < self._cfg.memory_cap_restarts
