@@ -44,6 +44,7 @@ class AgentConfig:
     socket_mode: str = "0660"  # octal permissions of the unix socket: submitting runs code
     socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
     token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
+    bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
 
     @property
     def socket_path(self) -> Path:
@@ -76,6 +77,8 @@ class AgentConfig:
             raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.bubble_path not in ("auto", "grpc"):
+            raise ConfigError(f"--bubble-path must be auto or grpc, got {self.bubble_path!r}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):

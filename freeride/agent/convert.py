@@ -186,7 +186,8 @@ def event_to_pb(event: AgentEvent) -> tasks_pb2.AgentEvent:
         return tasks_pb2.AgentEvent(time_ns=event.time_ns, task=task_to_pb(event.task))
     if isinstance(event, WindowAccounted):
         return tasks_pb2.AgentEvent(time_ns=event.time_ns, window=window_to_pb(event.record))
-    change = tasks_pb2.TrainerChange(connected=event.connected, peer=event.peer, trainers=event.trainers)
+    change = tasks_pb2.TrainerChange(connected=event.connected, peer=event.peer, trainers=event.trainers,
+                                     path=event.path)
     return tasks_pb2.AgentEvent(time_ns=event.time_ns, trainer=change)
 
 
@@ -229,6 +230,11 @@ def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:
             event_delay_us_p50=g.event_delay_ns_p50 / 1e3,
             event_delay_us_p99=g.event_delay_ns_p99 / 1e3,
             memory=gpu_memory_to_pb(g.memory),
+            trainer_streams=[
+                tasks_pb2.TrainerStream(peer=t.peer, rank=t.rank, stage=t.stage, path=t.path, edges=t.edges,
+                                        rejected=t.rejected, dropped=t.dropped)
+                for t in g.trainer_streams
+            ],
         ),
         tasks=[task_to_pb(t) for t in stats.tasks],
     )

@@ -40,6 +40,7 @@ from freeride.agent.store import Database, Store
 from freeride.agent.supervisor import Launcher, Supervisor
 from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
 from freeride.agent.timers import TimerHandle
+from freeride.agent.trainers import TrainerStream
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
 from freeride.core.stats import percentile
@@ -67,7 +68,7 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         self.events = Hub()
         self.table = TaskTable(self._changed)
-        self.trainers = 0
+        self.streams: list[TrainerStream] = []  # one per trainer stream open now
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
         self.scheduler = Scheduler(
@@ -203,7 +204,8 @@ class Agent:
             windows_granted=s.windows_granted, events=g.events,
             prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=self.clock() - self.started_ns,
             dropped_events=self.events.dropped, rejected_events=self.rejected_events,
-            trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=self.trainers,
+            trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
+            trainer_streams=tuple(dataclasses.replace(t) for t in self.streams),
             event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
             event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory,
         )
@@ -216,10 +218,18 @@ class Agent:
         return History(self.config.gpu, self.clock(), bubbles, windows, tasks)
 
     # -- trainers --------------------------------------------------------------------------------
-    def trainer_changed(self, connected: bool, peer: str) -> None:
-        """Count trainer streams and say so to watchers (`top`, tests): no poll needed to see one go."""
-        self.trainers += 1 if connected else -1
-        self.events.publish(TrainerChanged(self.clock(), connected, peer, self.trainers))
+    def trainer_opened(self, stream: TrainerStream) -> None:
+        """Keep the stream's record and say so to watchers (`top`, tests): no poll needed to see one come."""
+        self.streams.append(stream)
+        self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
+
+    def trainer_moved(self, stream: TrainerStream) -> None:
+        """The stream's edges changed road (its ring was attached)."""
+        self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
+
+    def trainer_closed(self, stream: TrainerStream) -> None:
+        self.streams.remove(stream)
+        self.events.publish(TrainerChanged(self.clock(), False, stream.peer, len(self.streams), stream.path))
 
     def on_bubble(self, edge: Edge) -> None:
         hint = self.scheduler.trainer_free_memory_bytes

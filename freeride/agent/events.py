@@ -154,6 +154,7 @@ class TrainerChanged(NamedTuple):
     connected: bool
     peer: str
     trainers: int  # trainer streams open now
+    path: str = "grpc"  # the road this stream's edges take: "shm" (ring) or "grpc"
 
 
 AgentEvent = TaskChanged | WindowAccounted | TrainerChanged

@@ -1,11 +1,14 @@
 """Bounds on the bubble edges trainers send: values outside them are mistakes or attacks, never bubbles.
 
-Checked at the gRPC edge, on the message itself. A bad edge is counted and dropped (a training
-stream is never ended for one bad edge). Task specs are bounded in freeride.agent.validation.
+Checked at the gRPC edge, on the message itself, and on each record of a shared-memory ring (whose
+words are raw int64s: the slot and iteration are bounded here too). A bad edge is counted and
+dropped (a training stream is never ended for one bad edge). Task specs are bounded in
+freeride.agent.validation.
 """
 
 from __future__ import annotations
 
+from freeride.core.ring import Record
 from freeride.v1 import trainer_pb2
 
 # Bubble edges are stamped with this host's CLOCK_MONOTONIC just before they are sent: one from the
@@ -14,6 +17,7 @@ MAX_EDGE_AGE_NS = 60 * 10**9
 MAX_EDGE_LEAD_NS = 1 * 10**9
 MAX_EXPECTED_BUBBLE_NS = 600 * 10**9  # a "bubble" of more than ten minutes is not a pipeline bubble
 MAX_FREE_MEMORY_BYTES = 1 << 50
+MAX_SLOT = (1 << 32) - 1  # the gRPC message's uint32
 EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
 
@@ -44,3 +48,25 @@ def edge_problem(ev: trainer_pb2.BubbleEvent, now_ns: int) -> str:
     if not 0 <= ev.free_memory_bytes <= MAX_FREE_MEMORY_BYTES:
         return f"free_memory_bytes {ev.free_memory_bytes} is outside 0..{MAX_FREE_MEMORY_BYTES}"
     return f"unknown bubble kind {ev.kind}"
+
+
+def record_ok(r: Record, now_ns: int) -> bool:
+    """`edge_ok` for a ring record."""
+    age = now_ns - r.time_ns
+    return (
+        r.edge in EDGES
+        and -MAX_EDGE_LEAD_NS <= age <= MAX_EDGE_AGE_NS
+        and 0 <= r.expected_duration_ns <= MAX_EXPECTED_BUBBLE_NS
+        and 0 <= r.free_memory_bytes <= MAX_FREE_MEMORY_BYTES
+        and r.kind in KINDS
+        and 0 <= r.slot <= MAX_SLOT
+        and r.iteration >= 0
+    )
+
+
+def record_problem(r: Record, now_ns: int) -> str:
+    if not 0 <= r.slot <= MAX_SLOT:
+        return f"slot {r.slot} is outside 0..{MAX_SLOT}"
+    if r.iteration < 0:
+        return f"iteration {r.iteration} is negative"
+    return edge_problem(r, now_ns)  # type: ignore[arg-type]  # the same field names

@@ -23,6 +23,7 @@ from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.doctor import log_failures
 from freeride.agent.registry import Registry
+from freeride.agent.ring import remove_stale_rings
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
@@ -123,6 +124,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         sock = config.socket_path
         _claim_socket(sock, gid)
         stack.callback(_unlink, sock)
+        if remove_stale_rings(sock.parent, config.gpu):
+            log.info("removed bubble rings a previous agent of GPU %d left in %s", config.gpu, sock.parent)
         registry = Registry(config.state_dir / "freeride.db")
         stack.callback(registry.close)
         log_failures(config)

@@ -26,7 +26,10 @@ from freeride.agent.core import Agent
 from freeride.agent.events import Control
 from freeride.agent.limits import edge_ok, edge_problem
 from freeride.agent.model import TaskRecord
+from freeride.agent.ring import RingChannel
+from freeride.agent.trainers import SHM, TrainerStream, take_records
 from freeride.agent.wire import Malformed, reject
+from freeride.core.ring import Record, ring_records
 from freeride.core.version import __version__
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2_grpc
@@ -125,16 +128,20 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
 
 
 class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
+    """One call per training rank. A rank on this host that says hello with `shared_memory` gets a ring
+    (freeride.agent.ring): from then on its edges arrive through it and the stream only carries liveness."""
+
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
     async def ReportBubbles(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         agent = self._agent
         await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
-        agent.trainer_changed(True, context.peer())
+        stream = TrainerStream(context.peer())
+        agent.trainer_opened(stream)
         ranks: set[int] = set()
-        warned = False
-        log.info("trainer connected (%s)", context.peer())
+        ring: RingChannel | None = None
+        log.info("trainer connected (%s)", stream.peer)
         try:
             while True:
                 batch = await context.read()
@@ -142,22 +149,73 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     break
                 if isinstance(batch, Malformed):
                     await reject(context, batch)
+                if batch.HasField("hello") and ring is None:
+                    stream.rank, stream.stage = batch.hello.rank, batch.hello.stage
+                    ranks.add(stream.rank)
+                    ring = self._ring_for(batch.hello, stream)
+                    await context.write(trainer_pb2.TrainerWelcome(
+                        gpu=agent.config.gpu, agent_version=__version__, hello_answered=True,
+                        ring_socket=str(ring.socket_path) if ring else "", ring_key=ring.key if ring else b"",
+                    ))
+                    if ring is not None:
+                        self._offer(ring, stream)
                 now = agent.clock()
                 for ev in batch.events:
                     if not edge_ok(ev, now):
                         agent.rejected_events += 1
-                        if not warned:  # once per stream: a broken trainer must not flood the log
-                            warned = True
-                            log.warning("trainer %s: bubble edge rejected: %s; further rejections on this stream "
-                                        "are only counted (rejected_events)", context.peer(), edge_problem(ev, now))
+                        stream.reject(edge_problem(ev, now))
                         continue
                     ranks.add(ev.rank)
+                    stream.edges += 1
                     agent.on_bubble(edge_from_pb(ev))
-        finally:
-            for rank in ranks:
-                agent.trainer_gone(rank)
-            agent.trainer_changed(False, context.peer())
-            log.info("trainer disconnected (%s)", context.peer())
+        finally:  # no await in here: a dead peer's call is cancelled, and a cancelled await ends the clean-up
+            try:
+                if ring is not None:
+                    ring.close()  # takes the edges written before the trainer went
+            finally:
+                for rank in ranks:
+                    agent.trainer_gone(rank)
+                agent.trainer_closed(stream)
+                log.info("trainer disconnected (%s)", stream.peer)
+
+    def _ring_for(self, hello: trainer_pb2.TrainerHello, stream: TrainerStream) -> RingChannel | None:
+        """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
+        config = self._agent.config
+        if not hello.shared_memory or config.bubble_path == "grpc" or not stream.peer.startswith("unix:"):
+            return None
+        try:
+            return RingChannel(config.socket_path.parent, config.gpu, config.socket_mode_bits(), config.socket_gid(),
+                               ring_records(hello.ring_records))
+        except OSError as exc:
+            log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", stream.peer, exc)
+            return None
+
+    def _offer(self, ring: RingChannel, stream: TrainerStream) -> None:
+        agent = self._agent
+
+        def timed_out() -> None:
+            log.warning("trainer %s did not fetch its bubble ring from %s; its edges stay on gRPC",
+                        stream.peer, ring.socket_path)
+
+        def fetched() -> None:
+            stream.path = SHM
+            ring.start(deliver)
+            agent.trainer_moved(stream)
+            log.info("trainer %s (rank %d) reports through shared memory (%s)", stream.peer, stream.rank,
+                     ring.path.name)
+
+        reader = ring.reader
+
+        def deliver(records: list[Record]) -> None:
+            rejected = take_records(stream, records, agent.clock(), agent.on_bubble)
+            torn = reader.corrupt + reader.lost - stream.torn
+            if torn:
+                stream.torn += torn
+                stream.reject(f"{torn} torn or scribbled ring record(s)", torn)
+            agent.rejected_events += rejected + torn
+            stream.dropped = reader.dropped_by_writer
+
+        ring.offer(fetched, timed_out)
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):

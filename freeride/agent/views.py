@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from freeride.agent.events import BubbleSpan, TaskView, WindowRecord
+from freeride.agent.trainers import TrainerStream
 from freeride.gpu.control import GpuSnapshot
 
 
@@ -47,6 +48,7 @@ class GpuStats:
     event_delay_ns_p50: float
     event_delay_ns_p99: float
     memory: GpuMemory
+    trainer_streams: tuple[TrainerStream, ...] = ()  # copies, one per stream open now
 
 
 @dataclass(frozen=True, slots=True)

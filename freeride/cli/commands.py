@@ -52,6 +52,10 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket-group", help="group that may use the socket: submit, report (env FREERIDE_SOCKET_GROUP)")
     p.add_argument("--token-file", type=Path,
                    help="bearer token every TCP call must carry; required with --tcp (env FREERIDE_TOKEN_FILE)")
+    p.add_argument("--bubble-path", choices=["auto", "grpc"],
+                   help="auto (default): trainers on this host report through a shared-memory ring; grpc: keep "
+                        "every trainer on its gRPC stream, e.g. where shared memory is not allowed "
+                        "(env FREERIDE_BUBBLE_PATH)")
     add_gpu_args(p)
 
 

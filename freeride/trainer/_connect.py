@@ -39,11 +39,13 @@ def agent_address(address: str | None = None, gpu: int | None = None) -> str:
 
 def connect(
     address: str | None = None, *, rank: int | None = None, stage: int = 0, gpu: int | None = None,
-    token_file: str | None = None,
+    token_file: str | None = None, path: str | None = None,
 ) -> BubbleReporter:
     """A reporter for this rank. Never fails: with no agent, edges are dropped (one warning).
 
-    An agent reached over TCP wants its token: `token_file`, else $FREERIDE_TOKEN_FILE.
+    An agent reached over TCP wants its token: `token_file`, else $FREERIDE_TOKEN_FILE. `path`
+    ("auto" or "grpc", else $FREERIDE_BUBBLE_PATH, else "auto"): "auto" takes the agent's
+    shared-memory ring when the agent is on this host, "grpc" keeps the edges on the gRPC stream.
     """
     if rank is None:
         raw = os.environ.get("RANK", "0")
@@ -55,4 +57,4 @@ def connect(
     except TokenError as exc:
         log.warning("%s; reporting without a token (an agent on TCP will refuse it)", exc)
         token = None
-    return BubbleReporter(target, rank=rank, stage=stage, token=token)
+    return BubbleReporter(target, rank=rank, stage=stage, token=token, path=path)

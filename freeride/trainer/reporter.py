@@ -1,16 +1,24 @@
 """The training-side reporter: bubble edges go to the agent without ever blocking training.
 
-The training thread stamps the time and writes seven integers into a preallocated ring slot: no
-allocation of a garbage-collected object (so no GC pause lands in the hook), no lock, no
-system call unless the sender thread sleeps. A background thread owns the gRPC stream, batches
-what is queued, reconnects with backoff, and drops edges while no agent is there. No exception
-from here can reach the training loop.
+Two roads, chosen automatically. On the agent's host (a unix-socket target) the agent hands over
+a shared-memory ring (freeride.core.ring) and the training thread writes each edge there itself:
+one 64-byte record, and an eventfd write only when the agent waits; no other thread touches the
+edge. Otherwise (a TCP agent, an agent started with --bubble-path grpc, or until the ring is
+attached) the training thread writes seven integers into a preallocated queue slot and a
+background thread sends them over the gRPC stream.
+
+Either way: no allocation of a garbage-collected object in the hook (so no GC pause lands in it),
+no lock it can block on, and no exception that reaches the training loop. The background thread
+owns the gRPC stream (registration, liveness, the fallback), reconnects with backoff and, after
+an agent restart, attaches the new agent's ring; edges are dropped (and counted) while no agent
+is there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -18,12 +26,16 @@ from collections.abc import Iterator
 import grpc
 
 from freeride.core.auth import token_interceptor
+from freeride.core.ring import EDGE_END, EDGE_START, RingError, RingWriter
+from freeride.trainer._ring import fetch_ring, park
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 START = trainer_pb2.BUBBLE_EDGE_START
 END = trainer_pb2.BUBBLE_EDGE_END
+assert (START, END) == (EDGE_START, EDGE_END)  # the ring carries the same numbers
+PATHS = ("auto", "grpc")
 _MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
 
 
@@ -33,7 +45,9 @@ class BubbleReporter:
     `start(slot)` / `end(slot)` cost microseconds and never raise; `bubble(slot)` is a context
     manager around a wait. Edges are dropped (and counted in `dropped`) when the ring is full or
     no agent is connected: training never waits for freeride. One training thread per reporter
-    (the ring has a single producer).
+    (the ring has a single producer). `path="grpc"` (or $FREERIDE_BUBBLE_PATH=grpc) keeps the
+    edges on the gRPC stream even on the agent's host; the `path` attribute says which road they
+    take now.
     """
 
     def __init__(
@@ -45,14 +59,26 @@ class BubbleReporter:
         reconnect_min_s: float = 0.1,
         reconnect_max_s: float = 5.0,
         token: str | None = None,
+        path: str | None = None,
     ) -> None:
+        if path is None:  # never fail a training job over an environment variable: warn, take the default
+            path = os.environ.get("FREERIDE_BUBBLE_PATH") or "auto"
+            if path not in PATHS:
+                log.warning("FREERIDE_BUBBLE_PATH=%r is not one of %s; using auto", path, ", ".join(PATHS))
+                path = "auto"
+        elif path not in PATHS:
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
         self.target = target
         self._token = token  # the agent's bearer token when it is reached over TCP
         self.rank = rank
         self.stage = stage
         self.iteration = 0
-        self.sent = 0
-        self.dropped = 0
+        self._sent = 0  # over gRPC
+        self._dropped = 0  # by the gRPC queue, or while no agent is there
+        self._want_ring = path == "auto" and target.startswith("unix:")
+        self._shm: RingWriter | None = None  # set while the agent's ring is attached: the hooks write there
+        self._wake_fd = -1  # the eventfd's number for every ring of this reporter (see _ring.fetch_ring)
+        self._retired = [0, 0]  # written, dropped: by rings of earlier streams
         capacity = 1 << max(4, (max_queue - 1).bit_length())  # a power of two, so `& mask` indexes it
         self._ring = [[0] * 7 for _ in range(capacity)]
         self._mask = capacity - 1
@@ -83,9 +109,13 @@ class BubbleReporter:
         """The rank is about to wait: its GPU is idle from now."""
         now = time.monotonic_ns()
         try:
+            shm = self._shm
+            if shm is not None:
+                shm.put(START, slot, self.iteration, now, expected_duration_ns, free_memory_bytes, kind)
+                return
             tail = self._tail
             if not self._live or tail - self._head > self._mask:
-                self.dropped += 1
+                self._dropped += 1
                 return
             rec = self._ring[tail & self._mask]
             rec[0] = START
@@ -106,9 +136,13 @@ class BubbleReporter:
         """The wait is over: the GPU is needed again from now."""
         now = time.monotonic_ns()
         try:
+            shm = self._shm
+            if shm is not None:
+                shm.put(END, slot, self.iteration, now, 0, 0, kind)
+                return
             tail = self._tail
             if not self._live or tail - self._head > self._mask:
-                self.dropped += 1
+                self._dropped += 1
                 return
             rec = self._ring[tail & self._mask]
             rec[0] = END
@@ -135,8 +169,26 @@ class BubbleReporter:
 
     @property
     def queued(self) -> int:
-        """Edges written by the trainer and not yet sent."""
-        return self._tail - self._head
+        """Edges written by the trainer and not yet sent (or, on the ring, not yet taken by the agent)."""
+        shm = self._shm
+        return self._tail - self._head + (shm.queued if shm is not None else 0)
+
+    @property
+    def sent(self) -> int:
+        """Edges handed to the agent: sent on the stream or written into its ring."""
+        shm = self._shm
+        return self._sent + self._retired[0] + (shm.written if shm is not None else 0)
+
+    @property
+    def dropped(self) -> int:
+        """Edges dropped: no agent, a full queue or a full ring."""
+        shm = self._shm
+        return self._dropped + self._retired[1] + (shm.dropped if shm is not None else 0)
+
+    @property
+    def path(self) -> str:
+        """"shm" (the agent's ring), "grpc" (the stream), or "" while no agent is connected."""
+        return "shm" if self._shm is not None else "grpc" if self._live else ""
 
     # -- background thread ---------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -158,9 +210,17 @@ class BubbleReporter:
         if self._thread.is_alive() and call is not None:
             call.cancel()
             self._thread.join(timeout=5)
+        self._detach()
+        if self._wake_fd >= 0 and not self._thread.is_alive():
+            os.close(self._wake_fd)
+            self._wake_fd = -1
 
     def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
         ring, mask = self._ring, self._mask
+        yield trainer_pb2.BubbleBatch(
+            hello=trainer_pb2.TrainerHello(rank=self.rank, stage=self.stage, shared_memory=self._want_ring,
+                                        ring_records=self._mask + 1)
+        )
         while generation == self._generation:
             if self._head == self._tail:
                 if self._closed:
@@ -179,8 +239,28 @@ class BubbleReporter:
                 add(edge=edge, slot=slot, iteration=iteration, stage=self.stage, rank=self.rank, time_ns=now,
                     expected_duration_ns=expected, free_memory_bytes=free, kind=kind)
             self._head = tail
-            self.sent += tail - head
+            self._sent += tail - head
             yield batch
+
+    def _attach(self, welcome: trainer_pb2.TrainerWelcome) -> None:
+        """The agent answered the hello: take its ring if it offered one, else stay on gRPC."""
+        if welcome.ring_socket:
+            try:
+                shm = fetch_ring(welcome.ring_socket, welcome.ring_key, self._wake_fd)
+            except (OSError, RingError) as exc:
+                log.warning("rank %d cannot use the agent's shared-memory ring (%s); reporting over gRPC",
+                            self.rank, exc)
+            else:
+                self._wake_fd = shm.wake_fd
+                self._shm = shm
+                log.info("rank %d reports bubbles through the agent's shared-memory ring", self.rank)
+
+    def _detach(self) -> None:
+        shm, self._shm = self._shm, None
+        if shm is not None:
+            self._retired[0] += shm.written
+            self._retired[1] += shm.dropped
+            park(self._wake_fd)
 
     def _run(self) -> None:
         delay = self._backoff[0]
@@ -191,13 +271,15 @@ class BubbleReporter:
                     stub = trainer_pb2_grpc.BubbleServiceStub(channel)
                     call = stub.ReportBubbles(self._requests(self._generation))
                     self._call = call
-                    for _welcome in call:
-                        if not self._connected.is_set():
-                            self._live = True  # before _connected: a waiter's next edge must not drop
-                            self._connected.set()
+                    for welcome in call:
+                        if not self._live:
+                            self._live = True  # edges flow on gRPC until a ring is attached
                             self._warned = False
                             delay = self._backoff[0]
                             log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
+                        if welcome.hello_answered and not self._connected.is_set():
+                            self._attach(welcome)
+                            self._connected.set()  # after the attach: a waiter's first edge takes the ring
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
@@ -215,6 +297,7 @@ class BubbleReporter:
             except Exception:
                 log.exception("bubble reporter failed; retrying")
             finally:
+                self._detach()  # the ring died with its agent: edges wait for the next stream's ring
                 self._live = False
                 self._connected.clear()
                 self._generation += 1  # the old request generator wakes and returns

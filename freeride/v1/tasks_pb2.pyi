@@ -141,7 +141,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "windows_granted", "memory")
+    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "windows_granted", "memory", "trainer_streams")
     GPU_FIELD_NUMBER: _ClassVar[int]
     BUBBLES_FIELD_NUMBER: _ClassVar[int]
     BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class GpuStats(_message.Message):
     TRAINER_FREE_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_GRANTED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STREAMS_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     bubbles: int
     bubble_s: float
@@ -180,7 +181,26 @@ class GpuStats(_message.Message):
     trainer_free_memory_bytes: int
     windows_granted: int
     memory: GpuMemory
-    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ...) -> None: ...
+    trainer_streams: _containers.RepeatedCompositeFieldContainer[TrainerStream]
+    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ..., trainer_streams: _Optional[_Iterable[_Union[TrainerStream, _Mapping]]] = ...) -> None: ...
+
+class TrainerStream(_message.Message):
+    __slots__ = ("peer", "rank", "stage", "path", "edges", "rejected", "dropped")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    rank: int
+    stage: int
+    path: str
+    edges: int
+    rejected: int
+    dropped: int
+    def __init__(self, peer: _Optional[str] = ..., rank: _Optional[int] = ..., stage: _Optional[int] = ..., path: _Optional[str] = ..., edges: _Optional[int] = ..., rejected: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class GpuMemory(_message.Message):
     __slots__ = ("mode", "name", "uuid", "compute_mode", "mps", "total_bytes", "used_bytes", "free_bytes", "side_tasks_used_bytes", "side_tasks_reserved_bytes", "others_used_bytes", "trainer_peak_bytes", "usable_bytes", "headroom_bytes", "waiting_tasks")
@@ -241,14 +261,16 @@ class AgentEvent(_message.Message):
     def __init__(self, time_ns: _Optional[int] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ..., window: _Optional[_Union[WindowRecord, _Mapping]] = ..., trainer: _Optional[_Union[TrainerChange, _Mapping]] = ...) -> None: ...
 
 class TrainerChange(_message.Message):
-    __slots__ = ("connected", "peer", "trainers")
+    __slots__ = ("connected", "peer", "trainers", "path")
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     connected: bool
     peer: str
     trainers: int
-    def __init__(self, connected: _Optional[bool] = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ...) -> None: ...
+    path: str
+    def __init__(self, connected: _Optional[bool] = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class WindowRecord(_message.Message):
     __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares")

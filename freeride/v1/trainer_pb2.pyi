@@ -53,16 +53,36 @@ class BubbleEvent(_message.Message):
     kind: BubbleKind
     def __init__(self, edge: _Optional[_Union[BubbleEdge, str]] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., rank: _Optional[int] = ..., time_ns: _Optional[int] = ..., expected_duration_ns: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., kind: _Optional[_Union[BubbleKind, str]] = ...) -> None: ...
 
+class TrainerHello(_message.Message):
+    __slots__ = ("rank", "stage", "shared_memory", "ring_records")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RING_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    stage: int
+    shared_memory: bool
+    ring_records: int
+    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., shared_memory: _Optional[bool] = ..., ring_records: _Optional[int] = ...) -> None: ...
+
 class BubbleBatch(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "hello")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[BubbleEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[BubbleEvent, _Mapping]]] = ...) -> None: ...
+    hello: TrainerHello
+    def __init__(self, events: _Optional[_Iterable[_Union[BubbleEvent, _Mapping]]] = ..., hello: _Optional[_Union[TrainerHello, _Mapping]] = ...) -> None: ...
 
 class TrainerWelcome(_message.Message):
-    __slots__ = ("gpu", "agent_version")
+    __slots__ = ("gpu", "agent_version", "ring_socket", "ring_key", "hello_answered")
     GPU_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RING_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    RING_KEY_FIELD_NUMBER: _ClassVar[int]
+    HELLO_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     agent_version: str
-    def __init__(self, gpu: _Optional[int] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    ring_socket: str
+    ring_key: bytes
+    hello_answered: bool
+    def __init__(self, gpu: _Optional[int] = ..., agent_version: _Optional[str] = ..., ring_socket: _Optional[str] = ..., ring_key: _Optional[bytes] = ..., hello_answered: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,215 @@
+"""The bubble ring: trainer -> agent edges through shared memory on one host.
+
+The agent owns a file in its runtime directory: a 256-byte header and a power-of-two number of
+64-byte records. One trainer rank writes (the training thread, in the hook), the agent reads
+(its event loop). A record is eight little-endian int64 words, written by one `pack_into` in
+address order:
+
+    edge | kind << 8, slot, iteration, time_ns, expected_duration_ns, free_memory_bytes, check, commit
+
+`commit` (the record's position + 1) is stored last, so a trainer killed mid-write leaves a record
+the reader never takes; `check` (the other words XORed with a constant) turns away a record seen
+half-written on a weakly ordered CPU or scribbled by someone else. Nothing is allocated and
+nothing blocks in the hook: a full ring drops the edge and counts it in the header.
+
+Wake-ups go through an eventfd the agent hands over (see `freeride.agent.ring`). The agent
+marks in `sleep` an odd generation while it waits; the trainer writes the eventfd only when it
+sees a generation it has not woken yet. That check reads a word the other process writes right
+after writing its own (store, then load, on both sides), which x86 may reorder; a locked
+instruction (an uncontended lock's acquire and release) between the two forbids it. Elsewhere
+the trainer wakes the agent on every edge, which is always correct.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import struct
+import threading
+from typing import NamedTuple
+
+MAGIC = 0x46524545_52494445  # "FREERIDE"
+VERSION = 1
+HEADER_BYTES = 256
+RECORD_BYTES = 64
+DEFAULT_RECORDS = 16384  # 1 MiB: a burst of edges while the agent is busy; the trainer may ask for other sizes
+MIN_RECORDS, MAX_RECORDS = 64, 1 << 20
+
+# Header words (int64 index). The agent's words and the trainer's sit on separate cache lines.
+W_MAGIC, W_VERSION, W_RECORDS = 0, 1, 2
+W_TAIL, W_SLEEP = 8, 9  # agent: records consumed; wait generation (odd: waiting in epoll)
+W_DROPPED = 16  # trainer: edges dropped because the ring was full
+_FIRST = HEADER_BYTES // 8
+
+EDGE_START, EDGE_END = 1, 2
+_RECORD = struct.Struct("<8q")
+_COMMIT = 7  # the record's last word
+_CHECK = 0x5A5A_A5A5_0F0F_F0F0
+_ONE = (1).to_bytes(8, "little")
+
+# A locked instruction is a full fence on x86 only: elsewhere the trainer wakes on every edge.
+ORDERED_FENCE = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
+
+
+def ring_bytes(records: int) -> int:
+    return HEADER_BYTES + records * RECORD_BYTES
+
+
+def ring_records(wanted: int) -> int:
+    """The power of two at or above `wanted`, within MIN_RECORDS..MAX_RECORDS (0: the default)."""
+    if wanted <= 0:
+        return DEFAULT_RECORDS
+    return min(MAX_RECORDS, max(MIN_RECORDS, 1 << (wanted - 1).bit_length()))
+
+
+def init_ring(fd: int, records: int) -> None:
+    """Size a fresh file and write its header (agent side, before anyone maps it)."""
+    if records <= 0 or records & (records - 1):
+        raise ValueError(f"ring records must be a power of two, not {records}")
+    size = ring_bytes(records)
+    os.ftruncate(fd, size)
+    os.pwrite(fd, bytes(size), 0)  # allocate every page now: none is first touched in a hook
+    os.pwrite(fd, struct.pack("<3q", MAGIC, VERSION, records), 0)
+
+
+def map_ring(fd: int, size: int) -> mmap.mmap:
+    """Map with the page tables filled in (MAP_POPULATE where there is one): no page fault in a hook."""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags)
+
+
+class RingError(Exception):
+    """The mapped file is not a ring of this version."""
+
+
+def _words(mm: mmap.mmap) -> memoryview:
+    if len(mm) < HEADER_BYTES:
+        raise RingError(f"a ring needs at least {HEADER_BYTES} bytes, this one has {len(mm)}")
+    words = memoryview(mm).cast("q")
+    if words[W_MAGIC] != MAGIC or words[W_VERSION] != VERSION:
+        words.release()
+        raise RingError("not a freeride bubble ring of this version (agent and trainer from different releases?)")
+    records = words[W_RECORDS]
+    if records <= 0 or records & (records - 1) or ring_bytes(records) > len(mm):
+        words.release()
+        raise RingError(f"ring header says {records} records, which does not fit its {len(mm)} bytes")
+    return words
+
+
+class RingWriter:
+    """Trainer side: `put` costs a couple of microseconds, never blocks, allocates nothing the GC tracks."""
+
+    def __init__(self, mm: mmap.mmap, wake_fd: int) -> None:
+        self._mm = mm
+        self._words = _words(mm)
+        self._records = self._words[W_RECORDS]
+        self._mask = self._records - 1
+        self.wake_fd = wake_fd
+        self._fence = threading.Lock()  # never contended: one producer per ring
+        self._woken = -1  # the agent's wait generation this writer last woke
+        self._always_wake = not ORDERED_FENCE
+        self.written = 0
+        self.dropped = 0
+        self.wakes = 0
+
+    @property
+    def queued(self) -> int:
+        """Edges written and not yet taken by the agent."""
+        return self.written - self._words[W_TAIL]
+
+    def put(self, edge: int, slot: int, iteration: int, now: int, expected: int, free: int, kind: int) -> None:
+        words = self._words
+        pos = self.written
+        if pos - words[W_TAIL] > self._mask:  # full (or a scribbled tail): drop, never wait
+            self.dropped += 1
+            words[W_DROPPED] = self.dropped
+            return
+        commit = pos + 1
+        edge_kind = edge | kind << 8
+        check = commit ^ edge_kind ^ slot ^ iteration ^ now ^ expected ^ free ^ _CHECK
+        _RECORD.pack_into(self._mm, HEADER_BYTES + (pos & self._mask) * RECORD_BYTES, edge_kind, slot, iteration, now,
+                          expected, free, check, commit)
+        self.written = commit
+        fence = self._fence
+        fence.acquire()  # store (commit) -> load (sleep) ordering; see the module docstring
+        fence.release()
+        gen = words[W_SLEEP]
+        if gen & 1 and (gen != self._woken or self._always_wake):
+            self._woken = gen
+            self.wakes += 1
+            os.write(self.wake_fd, _ONE)
+
+
+class Record(NamedTuple):
+    edge: int
+    kind: int
+    slot: int
+    iteration: int
+    time_ns: int
+    expected_duration_ns: int
+    free_memory_bytes: int
+
+
+class RingReader:
+    """Agent side: takes committed records in order; says when it is going to wait."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self._mm = mm
+        self._words = _words(mm)
+        self._mask = self._words[W_RECORDS] - 1
+        self._fence = threading.Lock()
+        self.tail = 0
+        self.corrupt = 0  # committed records whose check word did not match (torn or scribbled)
+        self.lost = 0  # records skipped because the writer lapped a scribbled tail
+        self._gen = 0
+        self._words[W_TAIL] = 0
+        self._words[W_SLEEP] = 0
+
+    @property
+    def dropped_by_writer(self) -> int:
+        return max(0, self._words[W_DROPPED])
+
+    def take(self, limit: int = 1 << 30) -> list[Record]:
+        """Committed records from the tail on (at most `limit`), in order; the tail moves past them."""
+        out: list[Record] = []
+        words, mm, mask = self._words, self._mm, self._mask
+        tail = self.tail
+        while len(out) < limit:
+            base = _FIRST + (tail & mask) * 8
+            commit = words[base + _COMMIT]
+            if commit != tail + 1:
+                if commit > tail + 1 and (commit - 1) & mask == tail & mask:
+                    # The writer lapped us (someone scribbled our tail word): skip what was overwritten.
+                    self.lost += commit - 1 - tail
+                    tail = commit - 1
+                    continue
+                break
+            edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(mm, base * 8)
+            tail += 1
+            if check != c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK or edge_kind < 0:
+                self.corrupt += 1
+                continue
+            out.append(Record(edge_kind & 0xFF, edge_kind >> 8, slot, iteration, time_ns, expected, free))
+        self.tail = tail
+        words[W_TAIL] = tail
+        return out
+
+    def awake(self) -> None:
+        """The agent was woken: edges written from now need no wake-up until `sleep`."""
+        if self._gen & 1:
+            self._gen += 1
+            self._words[W_SLEEP] = self._gen
+
+    def sleep(self) -> bool:
+        """Announce a wait; False when a record slipped in first (take it, then call again)."""
+        if not self._gen & 1:
+            self._gen += 1
+        self._words[W_SLEEP] = self._gen
+        self._fence.acquire()  # store (sleep) -> load (commit) ordering
+        self._fence.release()
+        return self._words[_FIRST + (self.tail & self._mask) * 8 + _COMMIT] != self.tail + 1
+
+    def release(self) -> None:
+        """Drop the view into the mapping (before the mapping is closed)."""
+        self._words.release()
