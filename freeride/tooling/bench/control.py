@@ -3,6 +3,12 @@
 A synthetic trainer reports bubbles to a real agent that runs a real worker with tiny steps.
 Each bubble gets its own slot and a generous expected length, so its window is closed by the
 END edge (not by the prediction): that measures both START -> first step and END -> idle.
+
+Where the hook time goes, in the same run: before the bubbles, the same loop (same sleeps) calls
+a no-op of the hooks' shape instead ("hook_floor_us": what any call costs on this machine after
+the thread slept, caches cold), and both loops' process CPU time (all threads: the reporter's
+sender, gRPC's, the bench's window collector) is divided by the edges; the difference between
+"trainer_cpu_us_per_edge" and "floor_cpu_us_per_edge" is what reporting costs the trainer process.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import psutil
 from freeride.client import AgentClient
 from freeride.core.stats import percentile
 from freeride.errors import FreerideError
+from freeride.tooling.bench import paths
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
+
+_FLOOD_QUEUE = 16384  # the flooding reporter's capacity (its gRPC queue, or the ring it asks the agent for)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -28,13 +37,46 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-us", type=float, default=50.0, help="the no-op task's step length")
     p.add_argument("--flood", type=int, default=0, metavar="EVENTS",
                    help="afterwards, send this many events as fast as possible and report agent memory")
+    paths.add_arg(p)
 
+
+class _NoHooks:
+    """The hooks' shape, doing nothing: the floor any hook call costs."""
+
+    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
+        pass
+
+    def end(self, slot: int, kind: int = 0) -> None:
+        pass
+
+
+def _loop(hooks: BubbleReporter | _NoHooks, ns: argparse.Namespace) -> tuple[list[int], int, int]:
+    """The synthetic trainer: `ns.bubbles` bubbles between compute; each hook call's time (ns),
+    then the process CPU time and the calling thread's CPU time spent during the loop (ns)."""
+    hook_ns: list[int] = []
+    bubble_ns = int(ns.bubble_ms * 1e6)
+    compute_ns = int(ns.compute_ms * 1e6)
+    cpu0, thread0 = time.process_time_ns(), time.thread_time_ns()
+    t = time.monotonic_ns()
+    for i in range(ns.bubbles):
+        a = time.perf_counter_ns()
+        hooks.start(i, expected_duration_ns=4 * bubble_ns)
+        b = time.perf_counter_ns()
+        t += bubble_ns
+        sleep_until(t)
+        c = time.perf_counter_ns()
+        hooks.end(i)
+        d = time.perf_counter_ns()
+        hook_ns += [b - a, d - c]
+        t += compute_ns
+        sleep_until(t)
+    return hook_ns, time.process_time_ns() - cpu0, time.thread_time_ns() - thread0
 
 
 def _flood(reporter: BubbleReporter, events: int) -> float:
     t0 = time.monotonic()
     for i in range(events // 2):
-        if reporter.queued > 8192:  # let the sender catch up rather than drop
+        if reporter.queued > _FLOOD_QUEUE // 2:  # let the agent (or the sender) catch up rather than drop
             time.sleep(0.001)
         reporter.start(i % 64)
         reporter.end(i % 64)
@@ -52,31 +94,22 @@ def _finish(reporter: BubbleReporter, client: AgentClient, collector: WindowColl
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
-    with AgentProcess() as agent, agent.client() as client:
+    return paths.run("control", ns, _run)
+
+
+def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
+    with AgentProcess(extra_args=paths.AGENT_ARGS) as agent, agent.client() as client:
         assert agent.proc is not None
         task = client.submit(
             tasks_pb2.TaskSpec(name="noop", ref="freeride.tooling.tasks:NoopTask", args={"step_us": str(ns.step_us)})
         )
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
         collector = WindowCollector(client)
-        reporter = BubbleReporter(agent.target)
-        if not reporter.wait_connected(10):
-            raise FreerideError("bench control: the reporter could not connect to the agent")
-        hook_ns: list[int] = []
-        bubble_ns = int(ns.bubble_ms * 1e6)
-        t = time.monotonic_ns()
-        for i in range(ns.bubbles):
-            a = time.perf_counter_ns()
-            reporter.start(i, expected_duration_ns=4 * bubble_ns)
-            b = time.perf_counter_ns()
-            t += bubble_ns
-            sleep_until(t)
-            c = time.perf_counter_ns()
-            reporter.end(i)
-            d = time.perf_counter_ns()
-            hook_ns += [b - a, d - c]
-            t += int(ns.compute_ms * 1e6)
-            sleep_until(t)
+        reporter = paths.connect("control", agent.target, path)
+        # The floor first, with the reporter connected and idle: the same process, the same sleeps.
+        floor_ns, floor_cpu_ns, floor_thread_ns = _loop(_NoHooks(), ns)
+        hook_ns, cpu_ns, thread_ns = _loop(reporter, ns)
+        paths.check("control", path, reporter.path)  # still on the road asked for (no reconnect on the way)
         dropped = reporter.dropped
         _finish(reporter, client, collector)
         granted = len(collector.windows)
@@ -85,9 +118,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         flood_s = 0.0
         if ns.flood:
             # A second trainer stream: once it has ended, the agent has seen every event of the flood.
-            flooder = BubbleReporter(agent.target, rank=1)
-            if not flooder.wait_connected(10):
-                raise FreerideError("bench control: the flooding reporter could not connect to the agent")
+            flooder = paths.connect("control", agent.target, path, rank=1, max_queue=_FLOOD_QUEUE)
             flood_s = _flood(flooder, ns.flood)
             dropped += flooder.dropped
             _finish(flooder, client, collector)
@@ -102,8 +133,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         if w.shares and w.shares[0].idle_ns and w.bubble_end_ns < w.until_ns
     ]
     hooks = [h / 1e3 for h in hook_ns]
+    floor = [h / 1e3 for h in floor_ns]
+    edges = 2 * ns.bubbles
     return {
         "benchmark": "control",
+        "path": path,
         "bubbles": ns.bubbles, "bubble_ms": ns.bubble_ms, "compute_ms": ns.compute_ms, "step_us": ns.step_us,
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
@@ -111,6 +145,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "hook_us_p50": round(percentile(hooks, 0.5), 2),
         "hook_us_p99": round(percentile(hooks, 0.99), 2),
         "hook_us_max": round(max(hooks), 2) if hooks else 0.0,
+        "hook_floor_us_p50": round(percentile(floor, 0.5), 2),
+        "hook_floor_us_p99": round(percentile(floor, 0.99), 2),
+        "trainer_cpu_us_per_edge": round(cpu_ns / edges / 1e3, 2) if edges else 0.0,
+        "floor_cpu_us_per_edge": round(floor_cpu_ns / edges / 1e3, 2) if edges else 0.0,
+        "hook_thread_cpu_us_per_edge": round(thread_ns / edges / 1e3, 2) if edges else 0.0,
+        "floor_thread_cpu_us_per_edge": round(floor_thread_ns / edges / 1e3, 2) if edges else 0.0,
         "grant_us_p50": round(percentile(grants, 0.5), 1),
         "grant_us_p99": round(percentile(grants, 0.99), 1),
         "revoke_us_p50": round(percentile(revokes, 0.5), 1),

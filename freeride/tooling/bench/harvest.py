@@ -10,8 +10,8 @@ from typing import Any
 
 from freeride.core.stats import percentile
 from freeride.tooling import trace as tr
+from freeride.tooling.bench import paths
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
-from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
 _ORACLE_DRAWS = 32
@@ -31,6 +31,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, help="replay this recorded trace (JSON) instead of generating one")
     p.add_argument("--margin-ms", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    paths.add_arg(p)
 
 
 def oracle_fill(length_s: float, step_s: float, jitter_s: float, rng: random.Random) -> float:
@@ -51,6 +52,10 @@ def oracle_fill(length_s: float, step_s: float, jitter_s: float, rng: random.Ran
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
+    return paths.run("harvest", ns, _run)
+
+
+def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     if ns.trace is not None:
         stage_trace = tr.load(ns.trace)
         ns.iterations = len(stage_trace)
@@ -61,7 +66,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             ns.schedule, ns.stages, ns.microbatches, ns.forward_ms, ns.backward_ms, ns.trace_jitter,
             ns.iterations, ns.seed,
         )[ns.stage]
-    extra = ["--margin-ms", str(ns.margin_ms)] if ns.margin_ms is not None else []
+    extra = [*paths.AGENT_ARGS, *(["--margin-ms", str(ns.margin_ms)] if ns.margin_ms is not None else [])]
     with AgentProcess(extra_args=extra) as agent, agent.client() as client:
         spec = tasks_pb2.TaskSpec(
             name="synthetic", ref="freeride.tooling.tasks:SleepTask",
@@ -70,12 +75,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         task = client.submit(spec)
         wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
         collector = WindowCollector(client)
-        reporter = BubbleReporter(agent.target, rank=ns.stage, stage=ns.stage)
-        if not reporter.wait_connected(10):
-            raise RuntimeError("the reporter could not connect to the agent")
+        reporter = paths.connect("harvest", agent.target, path, rank=ns.stage, stage=ns.stage)
         t0 = time.monotonic()
         bubbles = replay(reporter, stage_trace)
         wall_s = time.monotonic() - t0
+        paths.check("harvest", path, reporter.path)  # still on the road asked for (no reconnect on the way)
+        dropped = reporter.dropped
         reporter.close()
         collector.wait_for(_expected_windows(stage_trace), 2.0)  # the last one is accounted when its worker idles
         stats = client.stats()
@@ -94,6 +99,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     grant_us = grant_latencies_us(windows)
     return {
         "benchmark": "harvest",
+        "path": path,
         "schedule": ns.schedule, "p": ns.stages, "m": ns.microbatches, "F_ms": ns.forward_ms, "B_ms": ns.backward_ms,
         "stage": ns.stage, "trace_jitter": ns.trace_jitter, "S_ms": ns.step_ms, "step_jitter_ms": ns.step_jitter_ms,
         "iterations": ns.iterations, "wall_s": round(wall_s, 3),
@@ -114,6 +120,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "grant_us_p50": round(percentile(grant_us, 0.5), 1),
         "grant_us_p99": round(percentile(grant_us, 0.99), 1),
         "windows": len(windows),
+        "dropped_by_reporter": dropped,
     }
 
 

@@ -55,6 +55,7 @@ class PipelineConfig:
     heads: int = 4
     seq_len: int = 64
     device: str = "cpu"  # "cuda": each rank on GPU LOCAL_RANK (mod the GPU count), NCCL between ranks
+    bubble_path: str = ""  # the ranks' $FREERIDE_BUBBLE_PATH ("auto" or "grpc"); "": the environment's
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -102,7 +103,7 @@ def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
 
 
 def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
-            inst: Any, step_start_ns: list[int] | None = None) -> dict[str, Any]:
+            inst: Any, step_start_ns: list[int] | None = None, reporter_path: str = "") -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in params:
         digest.update(p.detach().cpu().numpy().tobytes())
@@ -115,6 +116,7 @@ def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[A
         "step_start_ns": step_start_ns or [],
         "bubbles": [],
         "reporter_dropped": 0,
+        "reporter_path": reporter_path,  # "shm" or "grpc" once connected ("" when not instrumented or unconnected)
     }
     if inst is not None:
         result["bubbles"] = [asdict(b) for b in inst.bubbles]
@@ -150,11 +152,13 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     params = [p for p in net.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=ds_config)
     inst = None
+    reporter_path = ""
     if cfg.instrument:
         from freeride.trainer.deepspeed import instrument
 
         inst = instrument(engine, record=cfg.record)
         inst.reporter.wait_connected(10)
+        reporter_path = inst.reporter.path
 
     def batches(it: int) -> Any:
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + it)
@@ -172,7 +176,8 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
         loss = engine.train_batch(iter(batches(it)))
         step_ns.append(time.monotonic_ns() - t0)
         losses.append(float(loss))
-    result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst)
+    result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst,
+                     reporter_path=reporter_path)
     dist.barrier()
     return result
 
@@ -228,11 +233,13 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
     cls = pipelining.schedules.get_schedule_class(cfg.schedule)
     schedule = cls(stages[0] if cfg.schedule in SINGLE else stages, cfg.microbatches, loss_fn=loss_fn)
     inst = None
+    reporter_path = ""
     if cfg.instrument:
         from freeride.trainer.torch_pipelining import instrument
 
         inst = instrument(schedule, record=cfg.record)
         inst.reporter.wait_connected(10)
+        reporter_path = inst.reporter.path
     has_first = 0 in stage_ids
     has_last = cfg.num_stages - 1 in stage_ids
     losses: list[float] = []
@@ -269,7 +276,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
             progress.write(json.dumps({"iteration": it, "step_ms": step_ns[-1] / 1e6,
                                        "loss": losses[-1] if has_last else None}) + "\n")
             progress.flush()
-    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns)
+    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -309,6 +316,8 @@ class PipelineRun:
                     env["DS_ACCELERATOR"] = "cpu"  # else DeepSpeed's own detection (an empty value is an error)
                 if self.cfg.socket_dir:
                     env["FREERIDE_SOCKET_DIR"] = self.cfg.socket_dir
+                if self.cfg.bubble_path:
+                    env["FREERIDE_BUBBLE_PATH"] = self.cfg.bubble_path
                 fds = (write_fd,) if write_fd >= 0 and rank == self.world - 1 else ()
                 extra = ["--progress-fd", str(write_fd)] if fds else []
                 log = open(self.out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed in wait()
