@@ -79,11 +79,19 @@ def implied_bubbles_found(measured: list[float], expected: list[float]) -> bool:
     return fits(0, 0)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+def ring_attachments(agents: Agents) -> list[int]:
+    """How many trainer streams each agent has moved onto a shared-memory ring (from its log)."""
+    return [p.log_path.read_text(errors="replace").count("reports through shared memory") for p in agents.procs]
+
+
+# Every schedule on the default road (the shared-memory ring), and one on the gRPC stream.
+@pytest.mark.parametrize("schedule,path", [*((s, "shm") for s in SCHEDULES), ("1F1B", "grpc")])
 def test_every_schedule_reports_every_bubble_of_every_rank(
-    schedule: str, shared_agents: Agents, tmp_path: Path
+    schedule: str, path: str, shared_agents: Agents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agents = shared_agents
+    monkeypatch.setenv("FREERIDE_BUBBLE_PATH", "auto" if path == "shm" else "grpc")  # the ranks inherit it
+    attached_before = ring_attachments(agents)
     seen_before = [c.stats().gpu.bubbles for c in agents.clients]
     m = 2 * P if schedule == "DualPipeV" else M  # DualPipeV needs a micro-batch per stage
     cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=m, forward_ms=F_MS, backward_ms=B_MS,
@@ -116,6 +124,12 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
         gpu = agents.clients[r].stats().gpu
         assert gpu.bubbles - seen_before[r] == reported
         assert gpu.rejected_events == 0
+    # Each rank's stream took the road asked for: one ring per stage's reporter, or none.
+    attached = [a - b for a, b in zip(ring_attachments(agents), attached_before, strict=True)]
+    if path == "shm":
+        assert all(n >= 1 for n in attached), attached
+    else:
+        assert attached == [0] * len(attached)
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
