@@ -6,7 +6,9 @@ A scrape asks the agent's loop for one consistent snapshot (microseconds of loop
 renders it in prometheus-client's HTTP thread, so rendering never blocks the loop.
 
 Labels follow dcgm-exporter: `gpu` (index) and `UUID` on every series, plus `task` (id) and
-`task_name` on per-task series, so dashboards can join freeride's series with DCGM's.
+`task_name` on per-task series, so dashboards can join freeride's series with DCGM's. Per-trainer
+series add `rank`, `stage` and `path` (shm: the same-host ring, grpc: the stream); they count
+from 0 for each stream, so a trainer that reconnects starts them again (Prometheus sees a reset).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client.registry import Collector
 from freeride.agent.config import ConfigError
 from freeride.agent.convert import stats_to_pb
 from freeride.agent.histogram import Histogram
+from freeride.agent.trainers import GRPC, SHM
 from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("freeride.agent")
 
 _SNAPSHOT_TIMEOUT_S = 5.0
+_PATHS = (SHM, GRPC)  # the roads a trainer's edges take
 _STATES = [n.removeprefix("TASK_STATE_") for n, _ in tasks_pb2.TaskState.items() if n != "TASK_STATE_UNSPECIFIED"]
 
 
@@ -86,7 +90,34 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     info.add_metric([__version__], 1)
     families_.append(info)
     add_gauge("freeride_agent_start_time_seconds", "Unix time the agent started.", snap.start_time_unix_s)
-    add_gauge("freeride_trainer_streams", "Trainer bubble streams connected now.", g.trainers)
+    streams = GaugeMetricFamily("freeride_trainer_streams", "Trainer bubble streams connected now, by the road "
+                                "their edges take (shm: the same-host ring; grpc: the stream).",
+                                labels=[*gpu_labels, "path"])
+    per_path = dict.fromkeys(_PATHS, 0)  # both series always: dashboards keep stable series
+    for ts in g.trainer_streams:
+        per_path[ts.path] = per_path.get(ts.path, 0) + 1
+    for path, n in per_path.items():
+        streams.add_metric([*gl, path], n)
+    families_.append(streams)
+    stream_labels = [*gpu_labels, "rank", "stage", "path"]
+    per_stream = (  # edges, rejected, dropped
+        CounterMetricFamily("freeride_trainer_edges", "Bubble edges taken from the trainer (ring or stream).",
+                            labels=stream_labels),
+        CounterMetricFamily("freeride_trainer_edges_rejected", "The trainer's bubble edges refused (out of bounds, "
+                            "torn or scribbled ring records).", labels=stream_labels),
+        CounterMetricFamily("freeride_trainer_edges_dropped", "Bubble edges the trainer dropped because its ring "
+                            "was full.", labels=stream_labels),
+    )
+    by_labels: dict[tuple[str, str, str], list[int]] = {}  # a rank reconnecting may briefly hold two streams
+    for ts in g.trainer_streams:
+        sums = by_labels.setdefault((str(ts.rank), str(ts.stage), ts.path), [0, 0, 0])
+        sums[0] += ts.edges
+        sums[1] += ts.rejected
+        sums[2] += ts.dropped
+    for labels, sums in sorted(by_labels.items()):
+        for family, n in zip(per_stream, sums, strict=True):
+            family.add_metric([*gl, *labels], n)
+    families_.extend(per_stream)
 
     add_counter("freeride_bubbles", "Bubbles seen (START..END pairs of harvestable kinds).", g.bubbles)
     add_counter("freeride_bubble_seconds", "Idle time seen in bubbles.", g.bubble_s)

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2
@@ -249,8 +249,7 @@ def cmd_stats(ns: argparse.Namespace) -> int:
         stats = c.stats()
     g = stats.gpu
     if ns.json:
-        out = message_dict(stats)
-        out["gpu"]["efficiency"] = g.harvested_s / g.bubble_s if g.bubble_s else 0.0
+        out = multi.stats_dict(stats)
         for t, info in zip(out.get("tasks", []), stats.tasks, strict=True):
             t["counters"]["efficiency"] = info.counters.harvested_s / g.bubble_s if g.bubble_s else 0.0
         print_json(out)
@@ -266,6 +265,8 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     )
     console.print(gt)
     console.print(_memory_table(g.memory))
+    if g.trainer_streams:
+        console.print(_trainers_table(g.trainer_streams))
     tt = Table(title="tasks")
     for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95", "memory",
                 "progress"):
@@ -281,6 +282,16 @@ def cmd_stats(ns: argparse.Namespace) -> int:
         )
     console.print(tt)
     return 0
+
+
+def _trainers_table(streams: Iterable[tasks_pb2.TrainerStream]) -> Table:
+    """One row per open trainer stream: the road its edges take (shm: the same-host ring) and what came."""
+    t = Table(title="trainers")
+    for col in ("rank", "stage", "path", "edges", "rejected", "dropped", "peer"):
+        t.add_column(col)
+    for s in sorted(streams, key=lambda s: (s.rank, s.stage, s.peer)):
+        t.add_row(str(s.rank), str(s.stage), s.path, str(s.edges), str(s.rejected), str(s.dropped), s.peer)
+    return t
 
 
 def _memory_table(m: tasks_pb2.GpuMemory) -> Table:

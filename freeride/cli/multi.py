@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +15,36 @@ from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
 
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
+BUBBLE_PATHS = ("shm", "grpc")  # the roads a trainer's edges take (freeride.agent.trainers)
+_STREAM_COUNTERS = ("edges", "rejected", "dropped")  # uint64: proto JSON would print them as strings
+
+
+def trainer_paths(streams: Iterable[tasks_pb2.TrainerStream]) -> dict[str, int]:
+    """Open trainer streams by the road their edges take."""
+    counts = dict.fromkeys(BUBBLE_PATHS, 0)
+    for t in streams:
+        counts[t.path] = counts.get(t.path, 0) + 1
+    return counts
+
+
+def trainers_text(count: int, paths: Mapping[str, int]) -> str:
+    """'0', '1 (shm)', '3 (2 shm, 1 grpc)': the trainer streams and their roads, short."""
+    used = [(p, n) for p, n in paths.items() if n]
+    if not used:
+        return str(count)
+    if len(used) == 1:
+        return f"{count} ({used[0][0]})"
+    return f"{count} ({', '.join(f'{n} {p}' for p, n in used)})"
+
+
+def stats_dict(stats: tasks_pb2.StatsResponse) -> dict[str, Any]:
+    """Stats as `--json` prints them: the trainer streams' counters as numbers, efficiency added."""
+    out = message_dict(stats)
+    for t in out["gpu"].get("trainer_streams", []):
+        for name in _STREAM_COUNTERS:
+            t[name] = int(t[name])
+    out["gpu"]["efficiency"] = _ratio(stats.gpu.harvested_s, stats.gpu.bubble_s)
+    return out
 
 
 def _ratio(num: float, den: float) -> float:
@@ -25,6 +56,7 @@ def totals(stats: list[tasks_pb2.StatsResponse]) -> dict[str, Any]:
     out: dict[str, Any] = {"agents": len(stats), "tasks": sum(len(s.tasks) for s in stats)}
     for name in ("bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "trainers"):
         out[name] = sum(getattr(s.gpu, name) for s in stats)
+    out["trainer_paths"] = trainer_paths(t for s in stats for t in s.gpu.trainer_streams)
     out["efficiency"] = _ratio(out["harvested_s"], out["bubble_s"])
     return out
 
@@ -36,9 +68,8 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
     if ns.json:
         per_agent = []
         for target, s in rows:
-            d = message_dict(s)
+            d = stats_dict(s)
             d["target"] = target
-            d["gpu"]["efficiency"] = _ratio(s.gpu.harvested_s, s.gpu.bubble_s)
             per_agent.append(d)
         print_json({"agents": per_agent, "total": total})
         return 0
@@ -50,14 +81,16 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
     for target, s in rows:
         g = s.gpu
         gt.add_row(
-            str(g.gpu), target, str(g.trainers), str(g.bubbles), format_seconds(g.bubble_s),
-            format_seconds(g.harvested_s), f"{_ratio(g.harvested_s, g.bubble_s):.1%}", str(g.steps),
+            str(g.gpu), target, trainers_text(g.trainers, trainer_paths(g.trainer_streams)), str(g.bubbles),
+            format_seconds(g.bubble_s), format_seconds(g.harvested_s), f"{_ratio(g.harvested_s, g.bubble_s):.1%}",
+            str(g.steps),
             f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", str(len(s.tasks)),
         )
     gt.add_section()
     gt.add_row(
-        "all", "", str(total["trainers"]), str(total["bubbles"]), format_seconds(total["bubble_s"]),
-        format_seconds(total["harvested_s"]), f"{total['efficiency']:.1%}", str(total["steps"]),
+        "all", "", trainers_text(total["trainers"], total["trainer_paths"]), str(total["bubbles"]),
+        format_seconds(total["bubble_s"]), format_seconds(total["harvested_s"]), f"{total['efficiency']:.1%}",
+        str(total["steps"]),
         f"{total['overrun_steps']} ({format_seconds(total['overrun_s'])})", str(total["tasks"]),
     )
     console.print(gt)

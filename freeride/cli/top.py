@@ -21,7 +21,7 @@ from rich.text import Text
 from freeride.cli import _agents
 from freeride.cli.commands import progress_text
 from freeride.cli.common import UsageError
-from freeride.cli.multi import STATE_NAMES, totals
+from freeride.cli.multi import STATE_NAMES, totals, trainer_paths, trainers_text
 from freeride.client import AgentClient
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
@@ -71,8 +71,8 @@ def render(frame: Frame) -> Group:
         g = s.gpu
         eff = f"{g.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-"
         gpus.add_row(
-            str(g.gpu), target, format_seconds(g.uptime_s), str(g.trainers), str(g.bubbles), f"{g.bubble_s:.2f}",
-            f"{g.harvested_s:.2f}", eff, str(g.steps), str(g.overrun_steps),
+            str(g.gpu), target, format_seconds(g.uptime_s), trainers_text(g.trainers, trainer_paths(g.trainer_streams)),
+            str(g.bubbles), f"{g.bubble_s:.2f}", f"{g.harvested_s:.2f}", eff, str(g.steps), str(g.overrun_steps),
         )
         for t in s.tasks:
             state = STATE_NAMES[t.state]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import FAST, TASKS, spec
 
-from freeride.tooling.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_task, wait_for_trainers
+from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,6 +172,64 @@ def test_table_outputs_show_the_task(agent, client):
     assert f"{TASKS}:Counter" in shown and "step_ms=1" in shown and "READY" in shown
 
 
+@pytest.fixture
+def two_ranks(agent: AgentProcess) -> Iterator[tuple[BubbleReporter, BubbleReporter]]:
+    """Rank 0 on the default road (the agent's ring: it is local) and rank 1 kept on gRPC, both connected."""
+    ring = BubbleReporter(agent.target, rank=0, stage=0)
+    grpc = BubbleReporter(agent.target, rank=1, stage=1, path="grpc")
+    try:
+        assert ring.wait_connected(10) and grpc.wait_connected(10), agent.log_tail()
+        yield ring, grpc
+    finally:
+        ring.close()
+        grpc.close()
+
+
+def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two_ranks):
+    assert [r.path for r in two_ranks] == ["shm", "grpc"]
+    wait_for_trainers(client, 2)
+    stats = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)
+    assert stats["gpu"]["trainers"] == 2
+    streams = sorted(stats["gpu"]["trainer_streams"], key=lambda t: t["rank"])
+    assert [(t["rank"], t["stage"], t["path"]) for t in streams] == [(0, 0, "shm"), (1, 1, "grpc")]
+    for t in streams:
+        assert t["peer"].startswith("unix:")
+        assert all(type(t[n]) is int for n in ("edges", "rejected", "dropped")), t  # numbers, not proto's strings
+
+    table = freeride("stats", "--agent", agent.socket)
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    assert "┃ rank " in table.stdout, table.stdout  # the trainers table
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.stdout.splitlines()]
+    assert [r[:6] for r in rows if r[2:3] in (["shm"], ["grpc"])] == [  # rank, stage, path, edges, rejected, dropped
+        ["0", "0", "shm", "0", "0", "0"], ["1", "1", "grpc", "0", "0", "0"]], table.stdout
+
+    top = freeride("top", "--once", "--agent", agent.socket)
+    assert top.returncode == 0, top.stderr
+    assert "2 (1 shm, 1 grpc)" in top.stdout, top.stdout
+
+
+def test_stats_leaves_the_trainers_table_out_when_no_trainer_is_connected(agent):
+    res = freeride("stats", "--agent", agent.socket)
+    assert res.returncode == 0, res.stderr
+    assert "0 trainer stream(s)" in res.stdout and "┃ rank " not in res.stdout, res.stdout  # no trainers table
+    assert json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["gpu"]["trainer_streams"] == []
+
+
+def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tmp_path):
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--bubble-path", "grpc"]) as proc:
+        reporter = BubbleReporter(proc.target)  # the default road: the agent decides
+        try:
+            assert reporter.wait_connected(10), proc.log_tail()
+            assert reporter.path == "grpc"
+            with proc.client() as client:
+                wait_for_trainers(client, 1)
+            stats = json.loads(freeride("stats", "--json", "--agent", proc.socket).stdout)
+            assert [t["path"] for t in stats["gpu"]["trainer_streams"]] == ["grpc"]
+            assert not list(proc.socket.parent.glob("ring-*")), "a ring for an agent that keeps edges on gRPC"
+        finally:
+            reporter.close()
+
+
 def test_pause_resume_cancel_walk_a_task_through_its_states(agent, client):
     task = wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
     target = ["--agent", agent.socket]
@@ -200,6 +259,9 @@ def test_pause_resume_cancel_walk_a_task_through_its_states(agent, client):
         pytest.param(["--log-format", "xml"], {}, ["--log-format", "'xml'"], id="unknown-log-format"),
         pytest.param([], {"FREERIDE_MARGIN_MS": "abc"}, ["FREERIDE_MARGIN_MS", "'abc'"], id="margin-env-not-a-number"),
         pytest.param([], {"FREERIDE_MAX_RESTARTS": "-2"}, ["--max-restarts", ">= 0"], id="negative-max-restarts-env"),
+        pytest.param(["--bubble-path", "ring"], {}, ["--bubble-path", "'ring'"], id="unknown-bubble-path"),
+        pytest.param([], {"FREERIDE_BUBBLE_PATH": "ring"}, ["--bubble-path", "auto or grpc", "'ring'"],
+                     id="unknown-bubble-path-env"),
     ],
 )
 def test_agent_rejects_an_invalid_setting_with_one_line_and_touches_nothing(tmp_path, args, env, words):

@@ -15,7 +15,10 @@ from conftest import FAST, bubbles, drive, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.agent.histogram import Histogram
+from freeride.agent.metrics import Snapshot, families
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task, wait_for_trainers
+from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
@@ -122,3 +125,77 @@ def test_json_logs_have_one_parseable_line_per_lifecycle_event(metrics_agent):
                      "trainer connected", "trainer disconnected", f"task {info.id} READY -> CANCELLED",
                      "SIGTERM: shutting down", "agent stopped"):
         assert sum(expected in msg for msg in messages) == 1, f"{expected!r} in {messages}"
+
+
+STREAM_SERIES = ("freeride_trainer_edges_total", "freeride_trainer_edges_rejected_total",
+                 "freeride_trainer_edges_dropped_total")
+
+
+def stream_series(m: dict[str, list[Sample]]) -> dict[str, dict[tuple[str, str, str], float]]:
+    """The per-trainer counters, keyed by (rank, stage, path)."""
+    return {name: {(s.labels["rank"], s.labels["stage"], s.labels["path"]): s.value for s in m.get(name, [])}
+            for name in STREAM_SERIES}
+
+
+def test_a_scrape_says_which_road_each_trainers_edges_take(metrics_agent):
+    agent, port = metrics_agent
+    gpu = {"gpu": "0"}
+    assert value(scrape(port), "freeride_trainer_streams", path="shm", **gpu) == 0  # both series, before any trainer
+    assert value(scrape(port), "freeride_trainer_streams", path="grpc", **gpu) == 0
+    ring = BubbleReporter(agent.target, rank=0)  # local: the agent's shared-memory ring
+    kept = BubbleReporter(agent.target, rank=1, stage=1, path="grpc")
+    try:
+        assert ring.wait_connected(10) and kept.wait_connected(10), agent.log_tail()
+        assert (ring.path, kept.path) == ("shm", "grpc")
+        with agent.client() as client:
+            wait_for_trainers(client, 2)
+        m = scrape(port)
+    finally:
+        ring.close()
+        kept.close()
+    assert value(m, "freeride_trainer_streams", path="shm", **gpu) == 1
+    assert value(m, "freeride_trainer_streams", path="grpc", **gpu) == 1
+    assert all(s.labels["UUID"] == "" for s in m["freeride_trainer_edges_total"])  # the gpu labels, as elsewhere
+    expected = {("0", "0", "shm"): 0.0, ("1", "1", "grpc"): 0.0}  # connected, no bubble reported yet
+    assert stream_series(m) == dict.fromkeys(STREAM_SERIES, expected)
+
+
+def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_its_stream(tmp_path):
+    port = free_port()
+    with AgentProcess(state_dir=tmp_path / "state",
+                      extra_args=[*FAST, "--metrics-port", str(port), "--bubble-path", "grpc"]) as agent:
+        reporter = BubbleReporter(agent.target)  # the default road: the agent decides
+        try:
+            assert reporter.wait_connected(10), agent.log_tail()
+            assert reporter.path == "grpc"
+            with agent.client() as client:
+                wait_for_trainers(client, 1)
+            m = scrape(port)
+        finally:
+            reporter.close()
+    assert value(m, "freeride_trainer_streams", path="shm", gpu="0") == 0
+    assert value(m, "freeride_trainer_streams", path="grpc", gpu="0") == 1
+    assert set(stream_series(m)["freeride_trainer_edges_total"]) == {("0", "0", "grpc")}
+
+
+def test_streams_of_one_rank_on_one_road_are_one_series_and_counted_together():
+    """A rank that reconnects may hold two streams for a moment: Prometheus must not see one label set twice."""
+    streams = [
+        tasks_pb2.TrainerStream(peer="unix:", rank=0, path="shm", edges=10, rejected=1, dropped=2),
+        tasks_pb2.TrainerStream(peer="unix:", rank=0, path="shm", edges=5, rejected=0, dropped=1),
+        tasks_pb2.TrainerStream(peer="ipv4:10.0.0.2:4000", rank=1, stage=1, path="grpc", edges=7),
+    ]
+    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats(trainers=3, trainer_streams=streams))
+    by_name = {f.name: f for f in families(Snapshot(stats, Histogram()))}
+    assert {s.labels["path"]: s.value for s in by_name["freeride_trainer_streams"].samples} == {"shm": 2, "grpc": 1}
+    samples = {(s.name, s.labels["rank"], s.labels["path"]): s.value
+               for name in ("freeride_trainer_edges", "freeride_trainer_edges_rejected",
+                            "freeride_trainer_edges_dropped")
+               for s in by_name[name].samples}
+    assert samples == {
+        ("freeride_trainer_edges_total", "0", "shm"): 15, ("freeride_trainer_edges_total", "1", "grpc"): 7,
+        ("freeride_trainer_edges_rejected_total", "0", "shm"): 1,
+        ("freeride_trainer_edges_rejected_total", "1", "grpc"): 0,
+        ("freeride_trainer_edges_dropped_total", "0", "shm"): 3,
+        ("freeride_trainer_edges_dropped_total", "1", "grpc"): 0,
+    }
