@@ -9,6 +9,8 @@ a no-op of the hooks' shape instead ("hook_floor_us": what any call costs on thi
 the thread slept, caches cold), and both loops' process CPU time (all threads: the reporter's
 sender, gRPC's, the bench's window collector) is divided by the edges; the difference between
 "trainer_cpu_us_per_edge" and "floor_cpu_us_per_edge" is what reporting costs the trainer process.
+And the machine's own floor under any hop between processes ("wake_write_us", "wake_delay_us":
+freeride.tooling.bench.wakefloor), measured in the same run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import psutil
 from freeride.client import AgentClient
 from freeride.core.stats import percentile
 from freeride.errors import FreerideError
-from freeride.tooling.bench import paths
+from freeride.tooling.bench import paths, wakefloor
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
@@ -108,6 +110,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         reporter = paths.connect("control", agent.target, path)
         # The floor first, with the reporter connected and idle: the same process, the same sleeps.
         floor_ns, floor_cpu_ns, floor_thread_ns = _loop(_NoHooks(), ns)
+        wake = wakefloor.measure(min(ns.bubbles, 1000), ns.bubble_ms)
         hook_ns, cpu_ns, thread_ns = _loop(reporter, ns)
         paths.check("control", path, reporter.path)  # still on the road asked for (no reconnect on the way)
         dropped = reporter.dropped
@@ -151,6 +154,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "floor_cpu_us_per_edge": round(floor_cpu_ns / edges / 1e3, 2) if edges else 0.0,
         "hook_thread_cpu_us_per_edge": round(thread_ns / edges / 1e3, 2) if edges else 0.0,
         "floor_thread_cpu_us_per_edge": round(floor_thread_ns / edges / 1e3, 2) if edges else 0.0,
+        **wake,
         "grant_us_p50": round(percentile(grants, 0.5), 1),
         "grant_us_p99": round(percentile(grants, 0.99), 1),
         "revoke_us_p50": round(percentile(revokes, 0.5), 1),
