@@ -169,6 +169,8 @@ class RingChannel:
         self._pump()
 
     def _pump(self) -> None:
+        if not self.attached:  # closed while this turn waited in the loop
+            return
         reader = self.reader
         while True:
             batch = reader.take(_BATCH)

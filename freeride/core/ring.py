@@ -7,9 +7,11 @@ address order:
 
     edge | kind << 8, slot, iteration, time_ns, expected_duration_ns, free_memory_bytes, check, commit
 
-`commit` (the record's position + 1) is stored last, so a trainer killed mid-write leaves a record
-the reader never takes; `check` (the other words XORed with a constant) turns away a record seen
-half-written on a weakly ordered CPU or scribbled by someone else. Nothing is allocated and
+`commit` (the record's position + 1) is stored last, then the header's `head` (records written),
+so a trainer killed mid-write leaves a record the reader never takes; `check` (the other words
+XORed with a constant) turns away a record seen half-written on a weakly ordered CPU or scribbled
+by someone else. The reader trusts `head` only within one ring of its tail, and a lap only when the
+newest record proves it, so a scribbler can cost edges (counted) but never stall or derail it. Nothing is allocated and
 nothing blocks in the hook: a full ring drops the edge and counts it in the header.
 
 Wake-ups go through an eventfd the agent hands over (see `freeride.agent.ring`). The agent
@@ -39,12 +41,11 @@ MIN_RECORDS, MAX_RECORDS = 64, 1 << 20
 # Header words (int64 index). The agent's words and the trainer's sit on separate cache lines.
 W_MAGIC, W_VERSION, W_RECORDS = 0, 1, 2
 W_TAIL, W_SLEEP = 8, 9  # agent: records consumed; wait generation (odd: waiting in epoll)
-W_DROPPED = 16  # trainer: edges dropped because the ring was full
+W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; records written
 _FIRST = HEADER_BYTES // 8
 
 EDGE_START, EDGE_END = 1, 2
 _RECORD = struct.Struct("<8q")
-_COMMIT = 7  # the record's last word
 _CHECK = 0x5A5A_A5A5_0F0F_F0F0
 _ONE = (1).to_bytes(8, "little")
 
@@ -130,6 +131,7 @@ class RingWriter:
         check = commit ^ edge_kind ^ slot ^ iteration ^ now ^ expected ^ free ^ _CHECK
         _RECORD.pack_into(self._mm, HEADER_BYTES + (pos & self._mask) * RECORD_BYTES, edge_kind, slot, iteration, now,
                           expected, free, check, commit)
+        words[W_HEAD] = commit
         self.written = commit
         fence = self._fence
         fence.acquire()  # store (commit) -> load (sleep) ordering; see the module docstring
@@ -160,8 +162,8 @@ class RingReader:
         self._mask = self._words[W_RECORDS] - 1
         self._fence = threading.Lock()
         self.tail = 0
-        self.corrupt = 0  # committed records whose check word did not match (torn or scribbled)
-        self.lost = 0  # records skipped because the writer lapped a scribbled tail
+        self.corrupt = 0  # published records that failed their commit or check word (torn or scribbled)
+        self.lost = 0  # records the writer overwrote unread (it lapped a scribbled tail)
         self._gen = 0
         self._words[W_TAIL] = 0
         self._words[W_SLEEP] = 0
@@ -171,29 +173,35 @@ class RingReader:
         return max(0, self._words[W_DROPPED])
 
     def take(self, limit: int = 1 << 30) -> list[Record]:
-        """Committed records from the tail on (at most `limit`), in order; the tail moves past them."""
+        """Published records from the tail on (at most `limit`), in order; the tail moves past them."""
         out: list[Record] = []
         words, mm, mask = self._words, self._mm, self._mask
         tail = self.tail
-        while len(out) < limit:
-            base = _FIRST + (tail & mask) * 8
-            commit = words[base + _COMMIT]
-            if commit != tail + 1:
-                if commit > tail + 1 and (commit - 1) & mask == tail & mask:
-                    # The writer lapped us (someone scribbled our tail word): skip what was overwritten.
-                    self.lost += commit - 1 - tail
-                    tail = commit - 1
-                    continue
-                break
-            edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(mm, base * 8)
+        head = words[W_HEAD]
+        if head - tail > mask + 1 and self._valid(head - 1, head):
+            # The writer lapped us (someone scribbled our tail word): what it overwrote is lost.
+            self.lost += head - (mask + 1) - tail
+            tail = head - (mask + 1)
+        elif not tail <= head <= tail + mask + 1:
+            head = tail  # a scribbled head: nothing is trusted until the writer's next edge rewrites it
+        while tail < head and len(out) < limit:
+            base = (_FIRST + (tail & mask) * 8) * 8
+            edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(mm, base)
             tail += 1
-            if check != c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK or edge_kind < 0:
+            if c != tail or check != c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK \
+                    or edge_kind < 0:
                 self.corrupt += 1
                 continue
             out.append(Record(edge_kind & 0xFF, edge_kind >> 8, slot, iteration, time_ns, expected, free))
         self.tail = tail
         words[W_TAIL] = tail
         return out
+
+    def _valid(self, pos: int, commit: int) -> bool:
+        """The record at `pos` is whole: its commit and check words match."""
+        edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(
+            self._mm, (_FIRST + (pos & self._mask) * 8) * 8)
+        return c == commit and check == c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK
 
     def awake(self) -> None:
         """The agent was woken: edges written from now need no wake-up until `sleep`."""
@@ -208,7 +216,7 @@ class RingReader:
         self._words[W_SLEEP] = self._gen
         self._fence.acquire()  # store (sleep) -> load (commit) ordering
         self._fence.release()
-        return self._words[_FIRST + (self.tail & self._mask) * 8 + _COMMIT] != self.tail + 1
+        return self._words[W_HEAD] == self.tail
 
     def release(self) -> None:
         """Drop the view into the mapping (before the mapping is closed)."""

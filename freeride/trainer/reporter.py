@@ -299,12 +299,13 @@ class BubbleReporter:
             except Exception:
                 log.exception("bubble reporter failed; retrying")
             finally:
+                self._live = False  # first: an edge from now on is dropped and counted, not queued
                 self._detach()  # the ring died with its agent: edges wait for the next stream's ring
-                self._live = False
                 self._connected.clear()
                 self._generation += 1  # the old request generator wakes and returns
                 self._wake()
-                self._head = self._tail  # edges of a dead stream are stale: drop them
+                self._dropped += self._tail - self._head  # edges of a dead stream are stale: dropped, counted
+                self._head = self._tail
                 self._call = None
             if self._closed:
                 break
