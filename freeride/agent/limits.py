@@ -8,6 +8,8 @@ freeride.agent.validation.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from freeride.core.ring import Record
 from freeride.v1 import trainer_pb2
 
@@ -22,7 +24,22 @@ EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
 
 
-def edge_ok(ev: trainer_pb2.BubbleEvent, now_ns: int) -> bool:
+class EdgeFields(Protocol):
+    """What an edge carries, from a gRPC message (trainer_pb2.BubbleEvent) or a ring record (core.ring.Record)."""
+
+    @property
+    def edge(self) -> int: ...
+    @property
+    def time_ns(self) -> int: ...
+    @property
+    def expected_duration_ns(self) -> int: ...
+    @property
+    def free_memory_bytes(self) -> int: ...
+    @property
+    def kind(self) -> int: ...
+
+
+def edge_ok(ev: EdgeFields, now_ns: int) -> bool:
     """The per-edge fast check (hot path: plain comparisons only)."""
     age = now_ns - ev.time_ns
     return (
@@ -34,7 +51,7 @@ def edge_ok(ev: trainer_pb2.BubbleEvent, now_ns: int) -> bool:
     )
 
 
-def edge_problem(ev: trainer_pb2.BubbleEvent, now_ns: int) -> str:
+def edge_problem(ev: EdgeFields, now_ns: int) -> str:
     """Why `edge_ok` refused `ev`, for the log (slow path, bad edges only)."""
     age = now_ns - ev.time_ns
     if ev.edge not in EDGES:
@@ -51,17 +68,8 @@ def edge_problem(ev: trainer_pb2.BubbleEvent, now_ns: int) -> str:
 
 
 def record_ok(r: Record, now_ns: int) -> bool:
-    """`edge_ok` for a ring record."""
-    age = now_ns - r.time_ns
-    return (
-        r.edge in EDGES
-        and -MAX_EDGE_LEAD_NS <= age <= MAX_EDGE_AGE_NS
-        and 0 <= r.expected_duration_ns <= MAX_EXPECTED_BUBBLE_NS
-        and 0 <= r.free_memory_bytes <= MAX_FREE_MEMORY_BYTES
-        and r.kind in KINDS
-        and 0 <= r.slot <= MAX_SLOT
-        and r.iteration >= 0
-    )
+    """`edge_ok` for a ring record, whose raw words also need the slot and iteration bounded."""
+    return edge_ok(r, now_ns) and 0 <= r.slot <= MAX_SLOT and r.iteration >= 0
 
 
 def record_problem(r: Record, now_ns: int) -> str:
@@ -69,4 +77,4 @@ def record_problem(r: Record, now_ns: int) -> str:
         return f"slot {r.slot} is outside 0..{MAX_SLOT}"
     if r.iteration < 0:
         return f"iteration {r.iteration} is negative"
-    return edge_problem(r, now_ns)  # type: ignore[arg-type]  # the same field names
+    return edge_problem(r, now_ns)

@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,19 @@ class TaggedAgent(AgentProcess):
 def tagged_agent(state_dir: Path, gpu: int = 0, extra_args: Iterable[str] = FAST) -> TaggedAgent:
     """An agent (not started) with a tag of its own."""
     return TaggedAgent(state_dir, gpu, extra_args)
+
+
+@contextlib.contextmanager
+def clean_agent(state_dir: Path, extra_args: Iterable[str] = FAST) -> Iterator[TaggedAgent]:
+    """A started agent that, when the block ends, must stop with code 0 and leave no process and no
+    traceback behind."""
+    proc = tagged_agent(state_dir, extra_args=extra_args).start()
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log_tail()
+        assert_all_reaped(proc.tag)
+        assert_no_tracebacks(proc)
 
 
 def tagged(tag: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:

@@ -16,7 +16,7 @@ import grpc
 import psutil
 import pytest
 from conftest import BackgroundTrainer
-from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
+from fault_support import TaggedAgent, clean_agent, ref
 
 from freeride.tooling.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -35,13 +35,8 @@ BAD = {
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[TaggedAgent]:
-    proc = tagged_agent(tmp_path / "state").start()
-    try:
+    with clean_agent(tmp_path / "state") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.log_tail()
-        assert_all_reaped(proc.tag)
-        assert_no_tracebacks(proc)
 
 
 def call(channel: grpc.Channel, method: str, payload: bytes) -> grpc.StatusCode:

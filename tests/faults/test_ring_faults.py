@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import FAST
-from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, tagged_agent
+from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
 
 from freeride.client import AgentClient
 from freeride.core.ring import EDGE_START, HEADER_BYTES, RECORD_BYTES, RingWriter, map_ring, ring_bytes
@@ -276,22 +276,14 @@ def served_normally(agent: TaggedAgent, c: AgentClient, edges: int = 200) -> Non
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[TaggedAgent]:
-    proc = tagged_agent(tmp_path / "state")
-    proc.start()
-    try:
+    with clean_agent(tmp_path / "state") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.log_tail()
-        assert_all_reaped(proc.tag)
-        assert_no_tracebacks(proc)
 
 
 def test_a_trainer_killed_while_it_floods_its_ring_leaves_no_torn_edge(tmp_path: Path) -> None:
-    agent = tagged_agent(tmp_path / "state")
-    agent.start()
-    trainer = Trainer(agent.target, tmp_path / "trainer.err", rank=4)
-    try:
-        with agent.client() as c:
+    with clean_agent(tmp_path / "state") as agent, agent.client() as c:
+        trainer = Trainer(agent.target, tmp_path / "trainer.err", rank=4)
+        try:
             assert trainer.ask("connect")["path"] == "shm"
             before = c.stats().gpu
             trainer.ask("forever")
@@ -309,11 +301,8 @@ def test_a_trainer_killed_while_it_floods_its_ring_leaves_no_torn_edge(tmp_path:
             seen = [b.iteration for b in c.timeline().bubbles if b.rank == 4]
             assert seen and seen == sorted(set(seen))
             served_normally(agent, c)
-    finally:
-        trainer.close()
-        assert agent.stop() == 0, agent.log_tail()
-        assert_all_reaped(agent.tag)
-        assert_no_tracebacks(agent)
+        finally:
+            trainer.close()
 
 
 def test_agent_kill_9_while_a_trainer_trains_then_the_next_agent_gets_its_ring(tmp_path: Path) -> None:
