@@ -15,11 +15,15 @@ newest record proves it, so a scribbler can cost edges (counted) but never stall
 nothing blocks in the hook: a full ring drops the edge and counts it in the header.
 
 Wake-ups go through an eventfd the agent hands over (see `freeride.agent.ring`). The agent
-marks in `sleep` an odd generation while it waits; the trainer writes the eventfd only when it
-sees a generation it has not woken yet. That check reads a word the other process writes right
-after writing its own (store, then load, on both sides), which x86 may reorder; a locked
-instruction (an uncontended lock's acquire and release) between the two forbids it. Elsewhere
-the trainer wakes the agent on every edge, which is always correct.
+marks in `sleep` an odd generation while it waits (even while it is awake and reading); the
+trainer writes the eventfd after an edge only if the word is odd. Seen even, the agent looked
+awake, but that read may have passed the trainer's own record on its way out (x86 lets a load
+overtake an earlier store), and the agent, just going to sleep, may have missed the record in
+turn: so the trainer puts a locked instruction (an uncontended lock's acquire and release: a
+full fence on x86) between the two and reads again before it skips the wake-up. The agent
+fences the same way between announcing its wait and checking for records. The fence costs only
+when the agent is awake; where a locked instruction is no full fence (not x86) the trainer wakes
+the agent on every edge, which is always correct.
 """
 
 from __future__ import annotations
@@ -108,7 +112,6 @@ class RingWriter:
         self._mask = self._records - 1
         self.wake_fd = wake_fd
         self._fence = threading.Lock()  # never contended: one producer per ring
-        self._woken = -1  # the agent's wait generation this writer last woke
         self._always_wake = not ORDERED_FENCE
         self.written = 0
         self.dropped = 0
@@ -133,14 +136,14 @@ class RingWriter:
                           expected, free, check, commit)
         words[W_HEAD] = commit
         self.written = commit
-        fence = self._fence
-        fence.acquire()  # store (commit) -> load (sleep) ordering; see the module docstring
-        fence.release()
-        gen = words[W_SLEEP]
-        if gen & 1 and (gen != self._woken or self._always_wake):
-            self._woken = gen
-            self.wakes += 1
-            os.write(self.wake_fd, _ONE)
+        if not words[W_SLEEP] & 1 and not self._always_wake:  # it looked awake: sure, after a fence (docstring)?
+            fence = self._fence
+            fence.acquire()
+            fence.release()
+            if not words[W_SLEEP] & 1:
+                return
+        self.wakes += 1
+        os.write(self.wake_fd, _ONE)
 
 
 class Record(NamedTuple):
