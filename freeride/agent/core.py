@@ -195,6 +195,9 @@ class Agent:
         return rec
 
     def stats(self) -> Stats:
+        for stream in self.streams:  # edges written before the call count in its answer
+            if stream.take is not None:
+                stream.take()
         s, g = self.scheduler, self.scheduler.gpu
         memory = self.memory.telemetry([w.pid for w in self.table.workers()], s.trainer_free_memory_bytes,
                                        self.table.reserved_bytes, self.table.waiting_count())
@@ -205,7 +208,7 @@ class Agent:
             prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=self.clock() - self.started_ns,
             dropped_events=self.events.dropped, rejected_events=self.rejected_events,
             trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
-            trainer_streams=tuple(dataclasses.replace(t) for t in self.streams),
+            trainer_streams=tuple(dataclasses.replace(t, take=None) for t in self.streams),
             event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
             event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory,
         )

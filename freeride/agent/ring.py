@@ -160,15 +160,16 @@ class RingChannel:
         self._deliver = deliver
         self.attached = True
         self._loop.add_reader(self._wake_fd, self._on_wake)
-        self._pump()  # edges written between the hand-over and now
+        self.pump()  # edges written between the hand-over and now
 
     def _on_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.read(self._wake_fd, 8)
         self.reader.awake()
-        self._pump()
+        self.pump()
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
+        """Take and deliver what the trainer has written; then wait for its next wake-up."""
         if not self.attached:  # closed while this turn waited in the loop
             return
         reader = self.reader
@@ -178,7 +179,7 @@ class RingChannel:
                 self._deliver(batch)
             if len(batch) == _BATCH:
                 assert self._loop is not None
-                self._loop.call_soon(self._pump)  # awake still: the trainer need not wake us
+                self._loop.call_soon(self.pump)  # awake still: the trainer need not wake us
                 return
             if reader.sleep():
                 return

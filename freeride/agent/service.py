@@ -169,6 +169,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     stream.edges += 1
                     agent.on_bubble(edge_from_pb(ev))
         finally:  # no await in here: a dead peer's call is cancelled, and a cancelled await ends the clean-up
+            stream.take = None
             try:
                 if ring is not None:
                     ring.close()  # takes the edges written before the trainer went
@@ -200,6 +201,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
         def fetched() -> None:
             stream.path = SHM
             ring.start(deliver)
+            stream.take = ring.pump
             agent.trainer_moved(stream)
             log.info("trainer %s (rank %d) reports through shared memory (%s)", stream.peer, stream.rank,
                      ring.path.name)

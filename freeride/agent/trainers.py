@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from freeride.agent.events import Edge
 from freeride.agent.limits import record_ok, record_problem
@@ -35,6 +35,9 @@ class TrainerStream:
     dropped: int = 0  # dropped by the trainer: its ring was full
     torn: int = 0  # ring records that failed their check word (included in `rejected`)
     warned: bool = False  # the first rejection is logged, the rest only counted
+    # Takes what the trainer has written and the agent not yet read (its ring's records), so that an
+    # answer to Stats is current as of the call; None on the gRPC road, where nothing waits unread here.
+    take: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     def reject(self, problem: str, count: int = 1) -> None:
         self.rejected += count

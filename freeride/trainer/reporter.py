@@ -78,7 +78,11 @@ class BubbleReporter:
         self._want_ring = path == "auto" and target.startswith("unix:")
         self._shm: RingWriter | None = None  # set while the agent's ring is attached: the hooks write there
         self._wake_fd = -1  # the eventfd's number for every ring of this reporter (see _ring.fetch_ring)
-        self._retired = [0, 0]  # written, dropped: by rings of earlier streams
+        # Counted by the background thread (each counter has one writer thread: `+=` is no atomic step):
+        self._ring_written = 0  # edges written into the rings of earlier streams
+        self._ring_dropped = 0  # edges those rings were too full to take
+        self._stale = 0  # edges queued for a stream that died before they were sent
+        self._road = threading.Condition()  # notified whenever `path` changes
         capacity = 1 << max(4, (max_queue - 1).bit_length())  # a power of two, so `& mask` indexes it
         self._ring = [[0] * 7 for _ in range(capacity)]
         self._mask = capacity - 1
@@ -179,20 +183,29 @@ class BubbleReporter:
     def sent(self) -> int:
         """Edges handed to the agent: sent on the stream or written into its ring."""
         shm = self._shm
-        return self._sent + self._retired[0] + (shm.written if shm is not None else 0)
+        return self._sent + self._ring_written + (shm.written if shm is not None else 0)
 
     @property
     def dropped(self) -> int:
         """Edges dropped: no agent, a full queue or a full ring."""
         shm = self._shm
-        return self._dropped + self._retired[1] + (shm.dropped if shm is not None else 0)
+        return self._dropped + self._ring_dropped + self._stale + (shm.dropped if shm is not None else 0)
 
     @property
     def path(self) -> str:
         """"shm" (the agent's ring), "grpc" (the stream), or "" while no agent is connected."""
         return "shm" if self._shm is not None else "grpc" if self._live else ""
 
+    def wait_path(self, path: str, timeout_s: float) -> bool:
+        """For tests and start-up: block until `path` is what is given ("shm", "grpc" or "": no agent)."""
+        with self._road:
+            return self._road.wait_for(lambda: self.path == path, timeout_s)
+
     # -- background thread ---------------------------------------------------------------------------
+    def _road_changed(self) -> None:
+        with self._road:
+            self._road.notify_all()
+
     def _wake(self) -> None:
         self._sleeping = False
         with contextlib.suppress(RuntimeError):  # already released
@@ -260,8 +273,8 @@ class BubbleReporter:
     def _detach(self) -> None:
         shm, self._shm = self._shm, None
         if shm is not None:
-            self._retired[0] += shm.written
-            self._retired[1] += shm.dropped
+            self._ring_written += shm.written
+            self._ring_dropped += shm.dropped
             park(self._wake_fd)
 
     def _run(self) -> None:
@@ -279,9 +292,11 @@ class BubbleReporter:
                             self._warned = False
                             delay = self._backoff[0]
                             log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
+                            self._road_changed()
                         if welcome.hello_answered and not self._connected.is_set():
                             self._attach(welcome)
                             self._connected.set()  # after the attach: a waiter's first edge takes the ring
+                            self._road_changed()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
@@ -304,9 +319,10 @@ class BubbleReporter:
                 self._connected.clear()
                 self._generation += 1  # the old request generator wakes and returns
                 self._wake()
-                self._dropped += self._tail - self._head  # edges of a dead stream are stale: dropped, counted
+                self._stale += self._tail - self._head  # edges of a dead stream are stale: dropped, counted
                 self._head = self._tail
                 self._call = None
+                self._road_changed()
             if self._closed:
                 break
             self._stopping.wait(delay)  # back off before reconnecting (background thread, not the control path)

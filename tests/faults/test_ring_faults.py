@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ ASK_TIMEOUT_S = 30.0
 FINAL_ITERATION = 10**6  # the iteration of the bubble a trainer reports last ("finish")
 
 # A training rank in its own process. Commands (one a line), each answered by one JSON line of the
-# reporter's state: connect | train (start the training loop in a thread) | state | lost (until the ring
-# is gone) | shm (until a ring is attached) | flood N (N edges as fast as it can) | forever (flood until
-# killed, a line every 4096 pairs) | finish (stop training, report one last bubble, close, exit).
+# reporter's state: connect | train (start the training loop in a thread) | state | after N (once N more
+# iterations are done) | lost (once no agent is there) | shm (once a ring is attached) | flood N (N edges as
+# fast as it can) | forever (flood until killed, a line every 4096 pairs) | finish (stop training, report one
+# last bubble, close, exit).
 TRAINER = r"""
 import json, sys, threading, time
 from freeride.trainer.reporter import BubbleReporter
@@ -59,6 +60,7 @@ from freeride.trainer.reporter import BubbleReporter
 target, rank, max_queue, final_iteration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rep = BubbleReporter(target, rank=rank, max_queue=max_queue, reconnect_min_s=0.05, reconnect_max_s=0.2)
 iterations, error, stop = 0, None, threading.Event()
+progress = threading.Condition()  # notified after every iteration
 
 def say(**extra):
     print(json.dumps({"path": rep.path, "sent": rep.sent, "dropped": rep.dropped, "iterations": iterations,
@@ -73,14 +75,11 @@ def train():  # two bubbles an iteration, in slots 3 and 5; freeride's hooks mus
                 rep.start(slot)
                 time.sleep(0.0005)  # the wait the bubble stands for
                 rep.end(slot)
-            iterations += 1
+            with progress:
+                iterations += 1
+                progress.notify_all()
     except BaseException as exc:
         error = repr(exc)
-
-def until(ok):  # the reporter announces no loss of its stream: look at its state until it changes
-    deadline = time.monotonic() + 20
-    while not ok() and time.monotonic() < deadline:
-        time.sleep(0.002)
 
 trainer = threading.Thread(target=train, daemon=True)
 for line in sys.stdin:
@@ -92,11 +91,16 @@ for line in sys.stdin:
         say()
     elif cmd == "state":
         say()
+    elif cmd == "after":
+        with progress:
+            target = iterations + int(args[0])
+            progress.wait_for(lambda: iterations >= target or error is not None, 20)
+        say()
     elif cmd == "lost":
-        until(lambda: rep.path != "shm")
+        rep.wait_path("", 20)
         say()
     elif cmd == "shm":
-        until(lambda: rep.path == "shm")
+        rep.wait_path("shm", 20)
         say()
     elif cmd == "flood":
         t0 = time.monotonic()
@@ -242,19 +246,6 @@ def wait_attached(c: AgentClient) -> None:
     assert wait_for(c, now, on_event, 20), "no stream attached its ring"
 
 
-def poll_stats(c: AgentClient, ok: Callable[[tasks_pb2.StatsResponse], bool],
-               timeout_s: float = 20.0) -> tasks_pb2.StatsResponse:
-    """The first stats that satisfy `ok`. The agent announces no event when it takes ring records, so
-    this asks for stats until they say so (bounded by `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = c.stats()
-        if ok(stats):
-            return stats
-        assert time.monotonic() < deadline, f"stats never got there:\n{stats}"
-        time.sleep(0.01)
-
-
 def served_normally(agent: TaggedAgent, c: AgentClient, edges: int = 200) -> None:
     """A new trainer attaches a ring, and every one of its edges reaches the agent, none refused."""
     before = wait_for_trainers(c, 0).gpu
@@ -315,7 +306,8 @@ def test_agent_kill_9_while_a_trainer_trains_then_the_next_agent_gets_its_ring(t
         with first.client() as c:
             assert trainer.ask("connect")["path"] == "shm"
             trainer.ask("train")
-            poll_stats(c, lambda s: s.gpu.events > 0)  # the ring is in use
+            trainer.ask("after 2")
+            assert c.stats().gpu.events > 0  # the ring is in use (a Stats answer counts what was written before it)
         assert first.proc is not None
         left = [p for p in rings(directory) if f"-{first.proc.pid}-" in p.name]
         assert left  # the ring in use when the agent died
@@ -332,7 +324,8 @@ def test_agent_kill_9_while_a_trainer_trains_then_the_next_agent_gets_its_ring(t
         assert back["iterations"] > lost["iterations"]  # training went on all along
         assert back["dropped"] > lost["dropped"]  # what it reported while no agent was there was dropped, counted
         with second.client() as c:
-            poll_stats(c, lambda s: s.gpu.bubbles >= 4)  # a few iterations' bubbles through the new ring
+            trainer.ask("after 2")
+            assert c.stats().gpu.bubbles >= 4  # two iterations' bubbles through the new ring
             trainer.finish()
             stats = wait_for_trainers(c, 0)
             assert stats.gpu.rejected_events == 0
@@ -367,13 +360,15 @@ def test_a_flood_into_a_small_ring_drops_and_counts_and_never_blocks(agent: Tagg
                 [t] = s.gpu.trainer_streams
                 return t
 
-            stats = poll_stats(c, lambda s: stream(s).edges == flood["sent"])  # the agent took all written
+            stats = c.stats()
             t = stream(stats)
+            assert t.edges == flood["sent"]  # the agent took all written (a Stats answer is current as of the call)
             assert (t.path, t.rejected, t.dropped) == ("shm", 0, flood["dropped"])  # and knows what was dropped
             # Drained, the ring takes a ring's worth again without a drop.
             again = trainer.ask("flood 64")
             assert again["dropped"] == flood["dropped"]
-            stats = poll_stats(c, lambda s: stream(s).edges == again["sent"])
+            stats = c.stats()
+            assert stream(stats).edges == again["sent"]
             assert stream(stats).dropped == flood["dropped"] and stats.gpu.rejected_events == 0
             trainer.finish()
             assert c.health() == 1
@@ -404,7 +399,8 @@ def test_garbage_written_over_a_ring_never_hurts_the_agent(agent: TaggedAgent, t
             assert trainer.ask("connect")["path"] == "shm"
             trainer.ask("train")
             [ring] = [p for p in rings(agent.socket.parent) if p.suffix == ".shm"]
-            poll_stats(c, lambda s: s.gpu.events > 0)
+            trainer.ask("after 1")
+            assert c.stats().gpu.events > 0
             rejected = [c.stats().gpu.rejected_events]
             trained = trainer.ask("state")["iterations"]
             scribbler = subprocess.Popen(
