@@ -46,7 +46,6 @@ MIN_RECORDS, MAX_RECORDS = 64, 1 << 20
 W_MAGIC, W_VERSION, W_RECORDS = 0, 1, 2
 W_TAIL, W_SLEEP = 8, 9  # agent: records consumed; wait generation (odd: waiting in epoll)
 W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; records written
-_FIRST = HEADER_BYTES // 8
 
 EDGE_START, EDGE_END = 1, 2
 _RECORD = struct.Struct("<8q")
@@ -178,33 +177,34 @@ class RingReader:
     def take(self, limit: int = 1 << 30) -> list[Record]:
         """Published records from the tail on (at most `limit`), in order; the tail moves past them."""
         out: list[Record] = []
-        words, mm, mask = self._words, self._mm, self._mask
+        words, mask = self._words, self._mask
         tail = self.tail
         head = words[W_HEAD]
-        if head - tail > mask + 1 and self._valid(head - 1, head):
+        if head - tail > mask + 1 and self._record(head - 1) is not None:
             # The writer lapped us (someone scribbled our tail word): what it overwrote is lost.
             self.lost += head - (mask + 1) - tail
             tail = head - (mask + 1)
         elif not tail <= head <= tail + mask + 1:
             head = tail  # a scribbled head: nothing is trusted until the writer's next edge rewrites it
         while tail < head and len(out) < limit:
-            base = (_FIRST + (tail & mask) * 8) * 8
-            edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(mm, base)
+            record = self._record(tail)
             tail += 1
-            if c != tail or check != c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK \
-                    or edge_kind < 0:
+            if record is None:
                 self.corrupt += 1
-                continue
-            out.append(Record(edge_kind & 0xFF, edge_kind >> 8, slot, iteration, time_ns, expected, free))
+            else:
+                out.append(record)
         self.tail = tail
         words[W_TAIL] = tail
         return out
 
-    def _valid(self, pos: int, commit: int) -> bool:
-        """The record at `pos` is whole: its commit and check words match."""
-        edge_kind, slot, iteration, time_ns, expected, free, check, c = _RECORD.unpack_from(
-            self._mm, (_FIRST + (pos & self._mask) * 8) * 8)
-        return c == commit and check == c ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK
+    def _record(self, pos: int) -> Record | None:
+        """The record written at position `pos`, or None if it is not whole (commit or check word wrong)."""
+        edge_kind, slot, iteration, time_ns, expected, free, check, commit = _RECORD.unpack_from(
+            self._mm, HEADER_BYTES + (pos & self._mask) * RECORD_BYTES)
+        if commit != pos + 1 or edge_kind < 0 \
+                or check != commit ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK:
+            return None
+        return Record(edge_kind & 0xFF, edge_kind >> 8, slot, iteration, time_ns, expected, free)
 
     def awake(self) -> None:
         """The agent was woken: edges written from now need no wake-up until `sleep`."""
