@@ -35,18 +35,24 @@ setup() {
     fi
 }
 
-# systemd-analyze and shellcheck check the files in deploy/; their tests skip (saying why) without them.
-deploy_tools() {
+# Debian packages some tests need: systemd-analyze and shellcheck check the files in deploy/, redis-server
+# runs the work-pool tests. Their tests skip (saying why) without them.
+system_tools() {
     local missing=()
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     command -v shellcheck >/dev/null || missing+=(shellcheck)
+    command -v redis-server >/dev/null || missing+=(redis-server)
     [ "${#missing[@]}" -eq 0 ] && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "==> installing ${missing[*]} (Debian packages) for the deploy/ tests" >&2
+        echo "==> installing ${missing[*]} (Debian packages) for the deploy/ and pool tests" >&2
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            "${missing[@]}"; } >&2 || echo "could not install ${missing[*]}: those deploy/ checks are skipped" >&2
+            "${missing[@]}"; } >&2 || echo "could not install ${missing[*]}: the tests that need them are skipped" >&2
+        # Debian's package starts a redis-server service; the tests start their own on a unix socket.
+        if [[ " ${missing[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null; then
+            systemctl disable --now redis-server >/dev/null 2>&1 || true
+        fi
     else
-        echo "note: ${missing[*]} not installed (needs root and apt-get): those deploy/ checks are skipped" >&2
+        echo "note: ${missing[*]} not installed (needs root and apt-get): the tests that need them are skipped" >&2
     fi
 }
 
@@ -59,7 +65,7 @@ case "$cmd" in
         ;;
     test)
         setup
-        deploy_tools
+        system_tools
         echo "==> ruff" >&2
         "$VENV/bin/ruff" check freeride sidetasks tests tools
         echo "==> mypy" >&2

@@ -1,0 +1,229 @@
+"""PoolTask: a side task whose work is the items of a pool on Redis that many agents share.
+
+User code is `process(item)`; everything else is the public task API. A step leases as many items
+as fit (sized from the measured time per item), processes them, and acknowledges them in one round
+trip once `process` has returned, i.e. once their outputs are durable. Items a dead worker or agent
+held come back to the others after the pool's lease time; an item whose processing raises
+`max_tries` times goes to the pool's dead letters with its error. Redis unreachable: the task
+raises Unavailable, gives its window back and waits (backing off) until Redis answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from freeride.errors import PoolError, Unavailable
+from freeride.pool import PoolItem, Lease, Pool, parse_pool_url
+from freeride.sdk.task import IterativeTask
+
+log = logging.getLogger(__name__)
+
+_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_FILL = 0.8  # share of the window's remaining time a step may plan to use
+_LEASE_STEPS = 4  # a lease covers about this many steps' worth of items
+
+
+class PoolTask(IterativeTask):
+    """Process the items of the pool at `pool` (redis://HOST[:PORT][/DB]/NAME, rediss://…, unix:///…/NAME).
+
+    Subclasses define `process(item)`, which must be idempotent and make its output durable before
+    returning (write to a temporary name, then rename): an item may be processed again after a
+    crash, never lost. A subclass with its own arguments takes `pool` too and calls
+    `super().__init__(pool)`.
+    """
+
+    #: Longest planned step (seconds): shorter steps fit more bubbles.
+    max_step_s = 0.02
+    #: At most this many items leased at once.
+    max_lease = 256
+    #: First wait (seconds) after Redis stops answering; doubles up to `retry_max_s`.
+    retry_s = 1.0
+    retry_max_s = 30.0
+
+    def __init__(self, pool: str) -> None:
+        self.pool_url = parse_pool_url(pool)
+        self.items_done = 0
+        self.items_failed = 0
+        self.busy_s = 0.0  # in process()
+        self.io_s = 0.0  # in lease and acknowledge round trips
+        self._pool: Pool | None = None
+        self._leases: deque[Lease] = deque()
+        self._unacked: list[Lease] = []
+        self._unacked_busy_s = 0.0
+        self._unacked_io_s = 0.0
+        self._item_s = 0.0  # slowest recent item, decaying: the cost planned for the next one
+        self._own = True  # the first lease re-reads what this consumer held before a restart
+        self._finished = False
+
+    # -- for subclasses ----------------------------------------------------------------------------
+    def process(self, item: PoolItem) -> None:
+        """Do one item's work and make its output durable; raise to fail it (it is tried again)."""
+        raise NotImplementedError
+
+    # -- checks at submit ----------------------------------------------------------------------------
+    @classmethod
+    def check_args(cls, **kwargs: Any) -> None:
+        """Refuse a submission whose pool URL is malformed, whose Redis does not answer or whose pool is missing."""
+        raw = kwargs.get("pool")
+        if not isinstance(raw, str) or not raw:
+            raise ValueError("pass pool=redis://HOST[:PORT][/DB]/NAME (the pool to draw items from)")
+        try:
+            url = parse_pool_url(raw)
+            with Pool(url, timeout_s=5.0) as pool:
+                pool.require()
+        except PoolError as exc:
+            raise ValueError(str(exc)) from None
+        except redis.RedisError as exc:
+            raise ValueError(f"Redis at {parse_pool_url(raw)} does not answer ({type(exc).__name__}: {exc}); "
+                             "check the URL and that Redis runs") from None
+
+    # -- the task API --------------------------------------------------------------------------------
+    @property
+    def consumer(self) -> str:
+        """This task's name in the pool: host, GPU and task id (unique per agent and task)."""
+        return f"{socket.gethostname()}/gpu{self.context.gpu}/task{self.context.task_id}"
+
+    def _connect(self) -> Pool:
+        if self._pool is None:
+            self._pool = Pool(self.pool_url, timeout_s=5.0)
+        return self._pool
+
+    def step(self) -> None:
+        try:
+            self._step()
+        except _REDIS_DOWN as exc:
+            raise Unavailable(f"Redis at {self.pool_url.safe_redis_url} does not answer ({type(exc).__name__}); "
+                              "the task resumes when it does", retry_s=self.retry_s,
+                              max_retry_s=self.retry_max_s) from None
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+                raise PoolError(f"pool {self.pool_url} was deleted while this task ran") from None
+            raise
+
+    def _step(self) -> None:
+        pool = self._connect()
+        self._flush()
+        remaining = self.context.remaining_s()
+        start = time.perf_counter()
+        budget = min(self.max_step_s, _FILL * remaining) if remaining > 0 else 0.0
+        if not self._leases:
+            self._lease(pool, budget)
+            if not self._leases:
+                return
+        done: list[Lease] = []
+        busy = 0.0
+        while self._leases:
+            lease = self._leases.popleft()
+            t0 = time.perf_counter()
+            try:
+                self.process(lease.item)
+            except Unavailable:
+                self._leases.appendleft(lease)
+                raise
+            except Exception as exc:
+                took = time.perf_counter() - t0
+                busy += took
+                self._failed(pool, lease, exc)
+            else:
+                took = time.perf_counter() - t0
+                busy += took
+                done.append(lease)
+            self._item_s = max(took, 0.9 * self._item_s)
+            if time.perf_counter() + self._item_s > start + budget:
+                break
+        self._unacked += done
+        self._unacked_busy_s += busy
+        self._flush()
+
+    def _lease(self, pool: Pool, budget_s: float) -> None:
+        per_step = int(budget_s / self._item_s) if self._item_s > 0 else 1
+        count = max(1, min(self.max_lease, per_step * _LEASE_STEPS if self._item_s > 0 else 1))
+        t0 = time.perf_counter()
+        leases = pool.lease(self.consumer, count, own=self._own, host=socket.gethostname(),
+                            gpu=str(self.context.gpu), task=self.context.task_id)
+        self._own = False
+        self._io(time.perf_counter() - t0)
+        self._leases.extend(leases)
+        if leases:
+            return
+        if pool.finished():
+            self._finished = True
+            return
+        lease_s, _ = pool.settings()
+        raise Unavailable(f"no item of pool {self.pool_url} is free: the rest are in flight on other workers "
+                          f"(their leases last {lease_s:g}s)", retry_s=min(self.retry_s, lease_s),
+                          max_retry_s=max(lease_s, self.retry_s))
+
+    def _failed(self, pool: Pool, lease: Lease, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
+        self.items_failed += 1
+        t0 = time.perf_counter()
+        dead = pool.fail(self.consumer, lease, error)
+        self._io(time.perf_counter() - t0)
+        log.warning("item %s failed (%s)%s", lease.item.id, error, "; moved to the dead letters" if dead else "")
+
+    def _io(self, seconds: float) -> None:
+        self.io_s += seconds
+        self._unacked_io_s += seconds
+
+    def _flush(self) -> None:
+        """Acknowledge the items processed since the last acknowledgement (one round trip)."""
+        if not self._unacked and self._unacked_busy_s == 0.0:
+            return
+        pool = self._connect()
+        t0 = time.perf_counter()
+        io_s = self._unacked_io_s + 0.0
+        newly = pool.ack(self.consumer, self._unacked, busy_s=self._unacked_busy_s, io_s=io_s)
+        took = time.perf_counter() - t0
+        self.io_s += took
+        self.busy_s += self._unacked_busy_s
+        self.items_done += newly
+        self._unacked, self._unacked_busy_s, self._unacked_io_s = [], 0.0, took
+
+    def is_done(self) -> bool:
+        return self._finished
+
+    def available(self) -> bool:
+        """Redis answers and the pool has a free item again (leased here at once), or it is finished."""
+        pool = self._connect()
+        pool.ping()
+        self._flush()
+        if self._leases:
+            return True
+        self._leases.extend(pool.lease(self.consumer, 1, own=self._own, host=socket.gethostname(),
+                                       gpu=str(self.context.gpu), task=self.context.task_id))
+        self._own = False
+        if not self._leases and pool.finished():
+            self._finished = True
+        return bool(self._leases) or self._finished
+
+    def teardown(self) -> None:
+        """Give back the items leased and not started; acknowledge those done; close the connection."""
+        if self._pool is None:
+            return
+        try:
+            self._flush()
+            self._pool.release(self._leases)
+            self._leases.clear()
+        except redis.RedisError as exc:  # Redis down: the leases come back to others after the lease time
+            log.warning("could not give back %d leased items (%s); others take them after the lease time",
+                        len(self._leases), exc)
+        finally:
+            self._pool.close()
+            self._pool = None
+
+    def progress(self) -> Mapping[str, float]:
+        spent = self.busy_s + self.io_s
+        return {
+            "items": float(self.items_done),
+            "failed": float(self.items_failed),
+            "items_per_s": self.items_done / self.busy_s if self.busy_s > 0 else 0.0,
+            "queue_io_share": self.io_s / spent if spent > 0 else 0.0,
+        }

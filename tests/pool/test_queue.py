@@ -1,0 +1,88 @@
+"""The pool's queue operations against a real redis-server: each rule of freeride.pool.queue in-process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis_support import RedisServer
+
+from freeride.errors import PoolError
+from freeride.pool import Pool, PoolItem, parse_pool_url, range_items
+
+
+def _pool(server: RedisServer, name: str = "p", **create: float) -> Pool:
+    pool = Pool(parse_pool_url(server.url(name)))
+    pool.create(range_items(10), **create)  # type: ignore[arg-type]
+    return pool
+
+
+def test_create_is_idempotent_and_counts(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server)
+    assert pool.create(range_items(10)) == 0
+    assert pool.create(range_items(12)) == 2
+    s = pool.status()
+    assert (s.total, s.done, s.failed, s.in_flight, s.queued) == (12, 0, 0, 0, 12)
+
+
+def test_leases_are_disjoint_and_ack_counts_once(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server)
+    a = pool.lease("a", 4)
+    b = pool.lease("b", 4)
+    assert {x.item.id for x in a}.isdisjoint({x.item.id for x in b})
+    assert pool.ack("a", a, busy_s=0.5) == 4
+    assert pool.ack("a", a) == 0  # acknowledged twice: counted once
+    s = pool.status()
+    assert (s.done, s.in_flight, s.queued) == (4, 4, 2)
+    by_name = {c.name: c for c in s.consumers}
+    assert by_name["a"].done == 4 and by_name["a"].busy_s == pytest.approx(0.5)
+
+
+def test_expired_lease_is_reclaimed_and_counted_once(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server, lease_s=0.05)
+    held = pool.lease("dead", 3)
+    time.sleep(0.1)  # the time under test: the lease (50 ms, by Redis's clock) runs out
+    again = pool.lease("alive", 10)
+    assert {x.item.id for x in held} <= {x.item.id for x in again}
+    assert pool.ack("alive", again) == 10
+    assert pool.ack("dead", held) == 0  # the dead consumer came back late: nothing counted twice
+    assert pool.status().done == 10 and pool.finished()
+
+
+def test_failing_item_goes_to_dead_letters_after_max_tries(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server, max_tries=2)
+    first = [x for x in pool.lease("c", 10) if x.item.id == "3"][0]
+    assert pool.fail("c", first, "ValueError: bad pixel") is False
+    second = [x for x in pool.lease("c", 10) if x.item.id == "3"][0]
+    assert second.tries == 1
+    assert pool.fail("c", second, "ValueError: bad pixel") is True
+    s = pool.status()
+    assert s.failed == 1 and [d.item.id for d in s.dead] == ["3"] and s.dead[0].error == "ValueError: bad pixel"
+    assert pool.retry_failed() == 1
+    s = pool.status()
+    assert s.failed == 0 and s.dead == []
+
+
+def test_release_gives_items_back_now(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server)
+    held = pool.lease("a", 10)
+    assert pool.release(held[5:]) == 5
+    assert {x.item.id for x in pool.lease("b", 10)} == {x.item.id for x in held[5:]}
+
+
+def test_own_pending_items_come_back_after_a_restart(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server)
+    held = pool.lease("host/gpu0/task1", 3)
+    again = pool.lease("host/gpu0/task1", 3, own=True)
+    assert [x.entry for x in again] == [x.entry for x in held]
+
+
+def test_args_round_trip_and_missing_pool_is_an_error(redis_server: RedisServer) -> None:
+    pool = Pool(parse_pool_url(redis_server.url("args")))
+    pool.create([PoolItem("x", {"path": "a.jpg", "n": 3})])
+    assert pool.lease("a", 1)[0].item == PoolItem("x", {"path": "a.jpg", "n": 3})
+    missing = Pool(parse_pool_url(redis_server.url("nope")))
+    with pytest.raises(PoolError, match="does not exist: create it with `freeride pool create"):
+        missing.status()
+    pool.delete()
+    assert not pool.exists()
