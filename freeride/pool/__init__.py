@@ -9,9 +9,9 @@ from freeride.pool.queue import (
     DEFAULT_MAX_TRIES,
     Consumer,
     DeadLetter,
-    PoolItem,
     Lease,
     Pool,
+    PoolItem,
     PoolStatus,
 )
 from freeride.pool.url import PoolUrl, parse_pool_url
@@ -21,9 +21,9 @@ __all__ = [
     "DEFAULT_MAX_TRIES",
     "Consumer",
     "DeadLetter",
-    "PoolItem",
     "Lease",
     "Pool",
+    "PoolItem",
     "PoolStatus",
     "PoolUrl",
     "parse_lines",

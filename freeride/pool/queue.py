@@ -335,15 +335,17 @@ class Pool:
                 io_s=float(c.get("io_s", 0)), first_unix=float(c.get("first_unix", 0)),
                 last_unix=float(c.get("last_unix", 0)),
             ))
-        dead = [
-            DeadLetter(item=_item(f), tries=int(_text(f.get(b"tries", b"0"))), error=_text(f.get(b"error", b"")),
-                       consumer=_text(f.get(b"consumer", b"")))
-            for _, f in self._r.xrange(self.k_dead, count=dead_shown)
-        ]
+        dead = []
+        for _, raw_fields in self._r.xrange(self.k_dead, count=dead_shown) or []:
+            f = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
+            dead.append(DeadLetter(item=PoolItem(f.get("id", ""), json.loads(f.get("args", "{}"))),
+                                   tries=int(f.get("tries", 0)), error=f.get("error", ""),
+                                   consumer=f.get("consumer", "")))
         return PoolStatus(
             url=str(self.url), total=int(meta.get("total", 0)), done=int(meta.get("done", 0)),
             failed=int(meta.get("failed", 0)), in_flight=in_flight, queued=max(0, length - in_flight),
-            lease_s=float(meta.get("lease_s", DEFAULT_LEASE_S)), max_tries=int(meta.get("max_tries", DEFAULT_MAX_TRIES)),
+            lease_s=float(meta.get("lease_s", DEFAULT_LEASE_S)),
+            max_tries=int(meta.get("max_tries", DEFAULT_MAX_TRIES)),
             created_unix=float(meta.get("created_unix", 0)), consumers=consumers, dead=dead, now_unix=time.time(),
         )
 
@@ -411,10 +413,6 @@ class Pool:
 
     def ping(self) -> bool:
         return bool(self._r.ping())
-
-
-def _item(fields: Mapping[bytes, bytes]) -> PoolItem:
-    return PoolItem(_text(fields.get(b"id", b"")), json.loads(_text(fields.get(b"args", b"{}"))))
 
 
 def _batches(items: Iterable[PoolItem], size: int) -> Iterator[list[PoolItem]]:

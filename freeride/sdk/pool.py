@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from freeride.errors import PoolError, Unavailable
-from freeride.pool import PoolItem, Lease, Pool, parse_pool_url
+from freeride.pool import Lease, Pool, PoolItem, parse_pool_url
 from freeride.sdk.task import IterativeTask
 
 log = logging.getLogger(__name__)

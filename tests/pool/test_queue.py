@@ -51,9 +51,9 @@ def test_expired_lease_is_reclaimed_and_counted_once(redis_server: RedisServer) 
 
 def test_failing_item_goes_to_dead_letters_after_max_tries(redis_server: RedisServer) -> None:
     pool = _pool(redis_server, max_tries=2)
-    first = [x for x in pool.lease("c", 10) if x.item.id == "3"][0]
+    first = next(x for x in pool.lease("c", 10) if x.item.id == "3")
     assert pool.fail("c", first, "ValueError: bad pixel") is False
-    second = [x for x in pool.lease("c", 10) if x.item.id == "3"][0]
+    second = next(x for x in pool.lease("c", 10) if x.item.id == "3")
     assert second.tries == 1
     assert pool.fail("c", second, "ValueError: bad pixel") is True
     s = pool.status()
