@@ -13,6 +13,7 @@ from freeride.errors import (
     TaskNotFoundError,
     TaskRefError,
     TaskStop,
+    Unavailable,
 )
 from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
 
@@ -29,5 +30,6 @@ __all__ = [
     "TaskNotFoundError",
     "TaskRefError",
     "TaskStop",
+    "Unavailable",
     "__version__",
 ]

@@ -27,6 +27,21 @@ class AgentUnavailableError(FreerideError):
     """No agent answers at the given address."""
 
 
+class Unavailable(Exception):
+    """Raised by a task's `step()`: a resource it needs (a server, a disk, a GPU peer) is down.
+
+    The step does not count; the worker gives its window back and waits, holding none, calling the
+    task's `available()` after `retry_s`, then after twice as long each time, up to `max_retry_s`
+    between tries, until it returns True. Pause, cancel and agent loss still stop it at once.
+    """
+
+    def __init__(self, reason: str, retry_s: float = 1.0, max_retry_s: float = 30.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+
+
 class TaskStop(BaseException):
     """Raised at a yield point when the agent asks the task to stop (pause or cancel).
 

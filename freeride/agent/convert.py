@@ -20,6 +20,7 @@ from freeride.agent.events import (
     Steps,
     TaskChanged,
     TaskView,
+    Waiting,
     WindowAccounted,
     WindowDone,
     WindowRecord,
@@ -134,6 +135,8 @@ def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | Non
         return Finished(dict(msg.finished.progress))
     if which == "failed":
         return Failed(msg.failed.reason, msg.failed.retryable)
+    if which == "waiting":
+        return Waiting(msg.waiting.reason, msg.waiting.waiting)
     return None
 
 

@@ -69,7 +69,14 @@ class Failed(NamedTuple):
     retryable: bool
 
 
-WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed
+class Waiting(NamedTuple):
+    """The task raised Unavailable (waiting=True): it wants no window until the resource is back (False)."""
+
+    reason: str  # the task's own words: what is down
+    waiting: bool
+
+
+WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | Waiting
 
 
 # -- to workers ------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ _CHECK_TIMEOUT_S = 60.0
 
 async def check_ref(spec: TaskSpec) -> dict[str, Any]:
     """What `freeride.sdk.check` says of the task (kind, name, declared priority and cap); TaskRefError if
-    it cannot be imported or built. User code never runs inside the agent."""
+    it cannot be imported, its arguments do not bind, or its check_args refuses them (the error is the
+    task's one line). User code never runs inside the agent."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -32,7 +33,8 @@ async def check_ref(spec: TaskSpec) -> dict[str, Any]:
         proc.kill()
         await proc.wait()
         raise TaskRefError(
-            f"importing {spec.ref!r} took over {_CHECK_TIMEOUT_S:.0f}s; make the import cheaper"
+            f"checking {spec.ref!r} (its import and check_args) took over {_CHECK_TIMEOUT_S:.0f}s; "
+            "make them cheaper"
         ) from None
     lines = out.decode(errors="replace").strip().splitlines()
     try:

@@ -137,7 +137,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             )
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
-        agent = Agent(config, registry, WorkerLauncher(config.worker_target, config.state_dir / "logs"), gpu=gpu)
+        launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu)
+        agent = Agent(config, registry, launcher, gpu=gpu)
         health = HealthServicer()
         task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
         server = _new_server()

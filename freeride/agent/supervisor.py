@@ -25,6 +25,7 @@ from freeride.agent.events import (
     Finished,
     Ready,
     Steps,
+    Waiting,
     WindowDone,
     WorkerMessage,
     WorkerSetup,
@@ -40,6 +41,8 @@ from freeride.errors import InvalidStateError
 log = logging.getLogger("freeride.agent")
 
 _CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
+_WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
+_MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
 
 
 class Launcher(Protocol):
@@ -335,10 +338,7 @@ class Supervisor:
             if rec.state is TaskState.STARTING:
                 # Keep why this worker was (re)started visible: a crash, an agent restart.
                 self._table.set_state(rec, TaskState.READY, rec.reason)
-                self._scheduler.add_task(TaskSlot(
-                    task_id=task_id, priority=rec.spec.priority, port=worker.window, counters=rec.counters,
-                    step_estimate_ns=rec.step_estimate_ns or None,
-                ))
+                self._schedule(rec, worker)
         elif isinstance(msg, Checkpointed):
             rec.checkpoint_steps = msg.steps
             rec.progress.update(msg.progress)
@@ -351,3 +351,31 @@ class Supervisor:
         elif isinstance(msg, Failed):
             worker.failure = msg.reason
             worker.retryable = msg.retryable
+        elif isinstance(msg, Waiting):
+            self._on_waiting(rec, worker, msg)
+
+    def _schedule(self, rec: TaskRecord, worker: Worker) -> None:
+        """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back."""
+        self._scheduler.add_task(TaskSlot(
+            task_id=rec.id, priority=rec.spec.priority, port=worker.window, counters=rec.counters,
+            step_estimate_ns=rec.step_estimate_ns or None,
+        ))
+
+    def _on_waiting(self, rec: TaskRecord, worker: Worker, msg: Waiting) -> None:
+        """A task that waits for a resource holds no window and is no candidate; its reason says what it waits for.
+
+        Its WindowDone came first on the same stream, so the window it gave back was released (and handed
+        on) as usual. It stays READY: pause, cancel and shutdown reach its worker as they reach any other,
+        and with no window it has no step that could hang.
+        """
+        if msg.waiting:
+            self._scheduler.remove_task(rec.id)  # a window granted before this message is handed on
+            reason = _WAITING + " ".join(msg.reason.split())[:_MAX_WAITING_REASON]
+            if rec.state is TaskState.READY and rec.reason != reason:
+                log.info("task %s %s", rec.id, reason)
+                self._table.set_reason(rec, reason)
+        elif rec.state is TaskState.READY and rec.id not in self._scheduler.tasks:
+            log.info("task %s: what it waited for is back", rec.id)
+            if rec.reason.startswith(_WAITING):
+                self._table.set_reason(rec, "")
+            self._schedule(rec, worker)

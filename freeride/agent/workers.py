@@ -24,6 +24,8 @@ _BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
 # Set in each worker's environment and inherited by whatever its task starts: the agent finds (and
 # kills) a task's processes even after they leave the worker's process group.
 WORKER_MARK = "FREERIDE_WORKER"
+# The agent's GPU index (`--gpu`), in every worker's environment: the worker's TaskContext.gpu.
+GPU_ENV = "FREERIDE_GPU"
 
 
 @dataclass
@@ -72,9 +74,12 @@ class WorkerProcess:
 
 
 class WorkerLauncher:
-    def __init__(self, agent_target: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, agent_target: str, log_dir: Path, gpu: int, env: dict[str, str] | None = None) -> None:
+        """`gpu`: the agent's GPU index, told to every worker (GPU_ENV); `env`: the base environment
+        (None: the agent's own)."""
         self._target = agent_target
         self._log_dir = log_dir
+        self._gpu = gpu
         self._env = env
         self._stops = Background("worker stop")  # each worker's clean stop before its kill
         self._watches = Background("worker watch")
@@ -90,6 +95,7 @@ class WorkerLauncher:
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
         env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
+        env[GPU_ENV] = str(self._gpu)
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         with open(log_path, "ab") as logf:
             proc = await asyncio.create_subprocess_exec(

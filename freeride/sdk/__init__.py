@@ -1,5 +1,6 @@
-"""What side-task authors use: the task base classes and their context."""
+"""What side-task authors use: the task base classes, their context, and Unavailable."""
 
+from freeride.errors import Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 
-__all__ = ["ImperativeTask", "IterativeTask", "TaskContext"]
+__all__ = ["ImperativeTask", "IterativeTask", "TaskContext", "Unavailable"]

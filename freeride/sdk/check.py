@@ -1,7 +1,8 @@
 """`python -m freeride.sdk.check REF [key=value ...]`: validate a task reference in a throwaway process.
 
 The agent runs this before accepting a submission, so that user code is never imported into
-the agent itself. Prints one JSON object on stdout.
+the agent itself: it loads the class, converts the arguments, and runs the task's `check_args`.
+Prints one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from freeride.sdk._loader import bind_args, kind_of, load_class
 def check(ref: str, args: dict[str, str]) -> dict[str, object]:
     try:
         cls = load_class(ref)
-        bind_args(cls, args)
+        kwargs = bind_args(cls, args)
     except TaskRefError as exc:
         return {"ok": False, "error": str(exc)}
+    try:
+        cls.check_args(**kwargs)
+    except Exception as exc:
+        return {"ok": False, "error": _refusal(exc)}
     return {
         "ok": True,
         "kind": kind_of(cls),
@@ -26,6 +31,14 @@ def check(ref: str, args: dict[str, str]) -> dict[str, object]:
         "priority": int(getattr(cls, "priority", 0) or 0),
         "name": cls.__name__,
     }
+
+
+def _refusal(exc: Exception) -> str:
+    """The one line `freeride submit` prints for an exception from the task's check_args."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, ValueError) and text:
+        return text  # the task's own refusal, as it worded it
+    return f"check_args raised {type(exc).__name__}: {text}" if text else f"check_args raised {type(exc).__name__}"
 
 
 def main(argv: list[str]) -> int:

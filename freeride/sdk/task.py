@@ -20,6 +20,7 @@ class TaskContext:
     checkpoint_path: str
     device: str = "cpu"
     mem_limit_bytes: int = 0
+    gpu: int = -1  # the index of the agent's GPU (`freeride agent --gpu N`); -1: not run by an agent
     _runtime: _Runtime | None = field(default=None, repr=False)
 
     def remaining_s(self) -> float:
@@ -36,6 +37,15 @@ class _TaskBase:
     priority: ClassVar[int] = 0
 
     context: TaskContext
+
+    @classmethod
+    def check_args(cls, **kwargs: Any) -> None:
+        """Refuse bad arguments at submit, before the task is stored or any worker starts.
+
+        Runs in the throwaway reference-check process at `freeride submit`, with the constructor
+        arguments given, as converted (those not given are absent). Raise ValueError with a
+        one-line message to refuse the submission: `freeride submit` prints it and exits 2.
+        """
 
     def setup(self) -> None:
         """Load data and build state; runs once per worker process, before any window."""
@@ -54,12 +64,24 @@ class _TaskBase:
     def teardown(self) -> None:
         """Release resources; runs when the worker stops for any reason it can handle."""
 
+    def available(self) -> bool:
+        """Called by the worker while the task waits after raising Unavailable (between backoffs).
+
+        Return True when the resource is back (e.g. a PING answered); the task then gets windows
+        again. An exception counts as False. It runs outside any window: keep it light, off the GPU.
+        """
+        return True
+
 
 class IterativeTask(_TaskBase):
     """A task made of short steps; freeride runs `step()` only when it fits the open bubble."""
 
     def step(self) -> None:
-        """One bounded piece of work. Keep it shorter than the bubbles you want to use."""
+        """One bounded piece of work. Keep it shorter than the bubbles you want to use.
+
+        Raise freeride.Unavailable when a resource it needs is down: the step does not count, and
+        the task waits, holding no window, until `available()` says the resource is back.
+        """
         raise NotImplementedError
 
     def is_done(self) -> bool:

@@ -21,14 +21,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from freeride.core.window import WindowReader
-from freeride.errors import TaskRefError, TaskStop
+from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
 from freeride.sdk._loader import bind_args, load_class
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
@@ -40,6 +40,7 @@ log = logging.getLogger("freeride.worker")
 _REPORT_BATCH = 256
 _PROGRESS_EVERY_S = 1.0
 _CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any other
+_MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
 
 
 class _CheckpointFormatError(Exception):
@@ -97,9 +98,7 @@ class _Gate:
         s = self._s
         assert self.window is not None
         while True:
-            if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
-                self.close(pb.WINDOW_END_REASON_STOPPING)
-                raise TaskStop
+            self._stop_if_asked()
             word = self.window.read()
             if self._wid:
                 if word.window_id != self._wid or not word.open:
@@ -126,15 +125,70 @@ class _Gate:
                 self._wid = word.window_id
                 self.close(pb.WINDOW_END_REASON_REVOKED)
                 continue
-            if s.control == pb.CONTROL_ACTION_CHECKPOINT:
-                s.control = pb.CONTROL_ACTION_UNSPECIFIED
-                self._on_idle(force=True)
+            if self._checkpoint_if_asked():
                 continue
             # Idle: block until the agent writes the window word or the reader thread wakes us.
             select.select([self.window.fd, s._wake_r], [], [])
             s.drain()
             if not self.window.drain():
                 s.lost = True
+
+    def _stop_if_asked(self) -> None:
+        """Raise TaskStop (closing any window held) on pause, cancel or a lost agent."""
+        s = self._s
+        if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
+            self.close(pb.WINDOW_END_REASON_STOPPING)
+            raise TaskStop
+
+    def _checkpoint_if_asked(self) -> bool:
+        s = self._s
+        if s.control != pb.CONTROL_ACTION_CHECKPOINT:
+            return False
+        s.control = pb.CONTROL_ACTION_UNSPECIFIED
+        self._on_idle(force=True)
+        return True
+
+    def wait_available(self, exc: Unavailable, available: Callable[[], bool]) -> None:
+        """The step raised Unavailable: give the window back and wait, holding none, until `available()`.
+
+        The agent hears WindowDone(UNAVAILABLE) and then WorkerWaiting(waiting=true), in that order
+        on the stream, and grants nothing until WorkerWaiting(waiting=false). The wait blocks on the
+        reader thread's wake-up pipe, so pause, cancel and a lost agent end it at once (TaskStop).
+        """
+        s = self._s
+        assert self.window is not None
+        reason = str(exc.reason)
+        self.close(pb.WINDOW_END_REASON_UNAVAILABLE)
+        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=True)))
+        log.info("task unavailable (%s); waiting, first retry in %ss", reason, exc.retry_s)
+        delays = backoff_delays(exc.retry_s, exc.max_retry_s)
+        complained = False
+        while True:
+            deadline = time.monotonic() + next(delays)
+            while True:  # until the deadline; a checkpoint asked meanwhile is taken, the wait goes on
+                self._stop_if_asked()
+                if self._checkpoint_if_asked():
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                select.select([s._wake_r], [], [], left)
+                s.drain()
+            try:
+                if available():
+                    break
+            except Exception:
+                if not complained:  # once per wait: it may be called every few seconds for hours
+                    log.warning("available() raised; counted as not available", exc_info=True)
+                    complained = True
+        # Grants written while the task waited are stale: the agent took the task out of its windows
+        # when it read WorkerWaiting(waiting=true), before any grant this worker could act on.
+        if not self.window.drain():
+            s.lost = True
+            self._stop_if_asked()
+        self._last_wid = max(self._last_wid, self.window.read().window_id)
+        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=False)))
+        log.info("task available again (was: %s)", reason)
 
     def yield_point(self) -> None:
         """An imperative task finished a piece: account it, then wait until the next may run."""
@@ -184,6 +238,15 @@ class _Gate:
         )
         self._steps = []
         self._send(pb.WorkerMessage(steps=report))
+
+
+def backoff_delays(retry_s: float, max_retry_s: float) -> Iterator[float]:
+    """retry_s, then twice as long each time, never above max_retry_s (nor below _MIN_RETRY_S)."""
+    delay = max(retry_s, _MIN_RETRY_S)
+    cap = max(max_retry_s, delay)
+    while True:
+        yield min(delay, cap)
+        delay = min(delay * 2, cap)
 
 
 class Worker:
@@ -261,6 +324,7 @@ class Worker:
             checkpoint_path=setup.checkpoint_path,
             device=os.environ.get("FREERIDE_DEVICE", "cpu"),  # the agent sets cuda:0 on a GPU
             mem_limit_bytes=setup.mem_limit_bytes,
+            gpu=_gpu_index(os.environ.get("FREERIDE_GPU", "")),  # the agent's --gpu
             _runtime=self.gate,
         )
         self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
@@ -286,10 +350,18 @@ class Worker:
                 while not task.is_done():
                     self.gate.acquire()
                     start = time.monotonic_ns()
-                    task.step()
+                    try:
+                        task.step()
+                    except Unavailable as exc:  # not a step: no sample, no Step; wait holding no window
+                        self.gate.wait_available(exc, task.available)
+                        continue
                     self.gate.step_done(start, time.monotonic_ns())
         except TaskStop:
             return self._stop()
+        except Unavailable as exc:  # from run() (or is_done()): only a step can be given back and retried
+            where = "run()" if kind == "imperative" else "is_done()"
+            return self._fail(f"{where} raised Unavailable ({exc.reason}); Unavailable is for IterativeTask.step(): "
+                              "raise it there to wait for a resource without holding a window", retryable=False)
         except SystemExit as exc:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() called sys.exit({exc.code})")
         except Exception as exc:
@@ -370,6 +442,14 @@ class Worker:
         self.gate.total_steps = int(payload["steps"])
         self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
         return self.gate.total_steps
+
+
+def _gpu_index(raw: str) -> int:
+    """FREERIDE_GPU as the agent set it; -1 when absent or not a number (a worker started by hand)."""
+    try:
+        return int(raw)
+    except ValueError:
+        return -1
 
 
 _torch_limited = False

@@ -15,6 +15,7 @@ class WindowEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WINDOW_END_REASON_NO_FIT: _ClassVar[WindowEndReason]
     WINDOW_END_REASON_DONE: _ClassVar[WindowEndReason]
     WINDOW_END_REASON_STOPPING: _ClassVar[WindowEndReason]
+    WINDOW_END_REASON_UNAVAILABLE: _ClassVar[WindowEndReason]
 
 class ControlAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,13 +29,14 @@ WINDOW_END_REASON_EXPIRED: WindowEndReason
 WINDOW_END_REASON_NO_FIT: WindowEndReason
 WINDOW_END_REASON_DONE: WindowEndReason
 WINDOW_END_REASON_STOPPING: WindowEndReason
+WINDOW_END_REASON_UNAVAILABLE: WindowEndReason
 CONTROL_ACTION_UNSPECIFIED: ControlAction
 CONTROL_ACTION_PAUSE: ControlAction
 CONTROL_ACTION_CANCEL: ControlAction
 CONTROL_ACTION_CHECKPOINT: ControlAction
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed")
+    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed", "waiting")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +44,7 @@ class WorkerMessage(_message.Message):
     CHECKPOINTED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     hello: WorkerHello
     ready: WorkerReady
     steps: StepReport
@@ -49,7 +52,8 @@ class WorkerMessage(_message.Message):
     checkpointed: Checkpointed
     finished: WorkerFinished
     failed: WorkerFailed
-    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ...) -> None: ...
+    waiting: WorkerWaiting
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., waiting: _Optional[_Union[WorkerWaiting, _Mapping]] = ...) -> None: ...
 
 class WorkerHello(_message.Message):
     __slots__ = ("task_id", "instance", "pid")
@@ -154,6 +158,14 @@ class WorkerFailed(_message.Message):
     reason: str
     retryable: bool
     def __init__(self, reason: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
+
+class WorkerWaiting(_message.Message):
+    __slots__ = ("reason", "waiting")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    waiting: bool
+    def __init__(self, reason: _Optional[str] = ..., waiting: _Optional[bool] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
     __slots__ = ("setup", "control")

@@ -35,6 +35,19 @@ def _agent(tmp_path: Path, *args: str) -> AgentProcess:
     return AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, *args]).start()
 
 
+@pytest.mark.parametrize("mode", [["--fake-gpu"], []], ids=["fake-gpu", "cpu"])
+def test_every_worker_knows_the_index_of_its_agents_gpu(tmp_path: Path, mode: list[str]) -> None:
+    agent = AgentProcess(state_dir=tmp_path / "state", gpu=3, extra_args=[*FAST, *mode]).start()
+    try:
+        with agent.client() as c:
+            task = c.submit(tasks_pb2.TaskSpec(ref=spec("EnvDump").ref, args={"path": str(tmp_path / "env.json")}))
+            wait_for_task(c, task.id, LIVE)  # setup() wrote the file before the worker said it is ready
+    finally:
+        assert agent.stop() == 0
+    seen = json.loads((tmp_path / "env.json").read_text())
+    assert (seen["env"]["FREERIDE_GPU"], seen["gpu"]) == ("3", 3)
+
+
 def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_frees_up(tmp_path: Path) -> None:
     # 4 GiB GPU, 1 GiB used by others, 512 MiB headroom: side tasks may reserve 2.5 GiB.
     agent = _agent(tmp_path, "--fake-gpu", "name=Fake A100,total=4GiB,used=1GiB", "--headroom", "512MiB")

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 from conftest import FAST, BackgroundTrainer, bubbles, drive, spec
 
-from freeride.tooling.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -106,3 +106,55 @@ def test_sigterm_stops_in_order_and_the_next_agent_resumes_from_the_checkpoint(t
             assert info.checkpoint_steps == info.counters.steps >= count > 0
     finally:
         assert agent.stop() == 0
+
+
+# -- a task whose resource is down (its step raises Unavailable) ------------------------------------
+def _waiting(info: tasks_pb2.TaskInfo) -> bool:
+    return info.reason.startswith("waiting: ")
+
+
+def test_a_task_whose_resource_is_down_waits_without_a_window_and_runs_to_done_once_it_is_back(
+    agent, client, tmp_path: Path
+):
+    marker = tmp_path / "db-up"
+    task = client.submit(spec("NeedsFile", marker=marker, steps=40))
+    pid = wait_for_task(client, task.id, [S.TASK_STATE_READY]).pid
+    with WindowCollector(client) as windows, BackgroundTrainer(agent, [20.0]):
+        waiting = wait_for_info(client, task.id, _waiting)  # its first step raised: announced to watchers
+        assert waiting.reason == "waiting: db-up is missing"
+        assert waiting.state == S.TASK_STATE_READY and waiting.counters.steps == 0
+        granted = client.stats().gpu.windows_granted  # its last window has an id up to this one
+        # Windows go on opening for 60 bubbles (longer than the 1 s hang timeout), and none is its.
+        assert windows.wait_until(lambda ws: sum(w.window_id > granted for w in ws) >= 60, 30)
+        later = [w for w in windows.windows if w.window_id > granted]
+        assert not [w.window_id for w in later if any(s.task_id == task.id for s in w.shares)]
+        still = client.get(task.id)
+        assert _waiting(still) and still.pid == pid and still.restarts == 0 and still.counters.killed_steps == 0
+        marker.write_text("up")  # available() sees it at the next backoff (at most 0.2 s)
+        done = wait_for_task(client, task.id, [S.TASK_STATE_DONE, S.TASK_STATE_FAILED])
+    # The steps that raised were not steps: the worker counted 40 (its last checkpoint holds them all).
+    assert done.state == S.TASK_STATE_DONE and done.progress["count"] == 40 and done.checkpoint_steps == 40
+    assert not _waiting(done) and done.restarts == 0
+
+
+def test_pause_resume_and_cancel_reach_a_waiting_task_at_once(agent, client, tmp_path: Path):
+    task = client.submit(spec("NeedsFile", marker=tmp_path / "never", retry_s=600, max_retry_s=600))
+    pid = wait_for_task(client, task.id, [S.TASK_STATE_READY]).pid
+    with BackgroundTrainer(agent, [20.0]):
+        wait_for_info(client, task.id, _waiting)
+        assert client.pause(task.id).state == S.TASK_STATE_PAUSED
+        psutil.Process(pid).wait(10)  # at once: not after its 600 s backoff
+        client.resume(task.id)
+        pid = wait_for_info(client, task.id, _waiting).pid  # the new worker's first step finds it down again
+        assert client.cancel(task.id).state == S.TASK_STATE_CANCELLED
+        psutil.Process(pid).wait(10)
+    assert client.get(task.id).state == S.TASK_STATE_CANCELLED
+
+
+def test_unavailable_raised_from_run_fails_the_task_and_says_where_it_belongs(agent, client):
+    task = client.submit(spec("WaitsInRun"))
+    with BackgroundTrainer(agent, [20.0]):
+        failed = wait_for_task(client, task.id, [S.TASK_STATE_FAILED, S.TASK_STATE_DONE])
+    assert failed.state == S.TASK_STATE_FAILED and failed.restarts == 0  # a mistake: not retried
+    assert failed.reason.startswith("run() raised Unavailable (the database is down); "
+                                    "Unavailable is for IterativeTask.step()")

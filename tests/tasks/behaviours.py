@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from freeride import ImperativeTask, IterativeTask
+from freeride import ImperativeTask, IterativeTask, Unavailable
 
 
 class Counter(IterativeTask):
@@ -135,7 +135,7 @@ class EnvDump(Counter):
         import json
 
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"env": dict(os.environ), "device": self.context.device}))
+        tmp.write_text(json.dumps({"env": dict(os.environ), "device": self.context.device, "gpu": self.context.gpu}))
         os.replace(tmp, self.path)
 
 
@@ -158,3 +158,45 @@ class TimedHog(Hog):
         if not self.marked and self.me.memory_info().rss > self.mark_bytes:
             self.marker.write_text(repr(time.time()))
             self.marked = True
+
+
+class NeedsFile(Counter):
+    """A Counter whose resource is a file: while `marker` is absent its step raises Unavailable, and
+    available() (the worker's check between backoffs) looks for the file."""
+
+    def __init__(self, marker: str, steps: int = 0, retry_s: float = 0.05, max_retry_s: float = 0.2) -> None:
+        super().__init__(1.0, steps)
+        self.marker = Path(marker)
+        self.retry_s, self.max_retry_s = retry_s, max_retry_s
+
+    def step(self) -> None:
+        if not self.marker.exists():
+            raise Unavailable(f"{self.marker.name} is missing", retry_s=self.retry_s, max_retry_s=self.max_retry_s)
+        super().step()
+
+    def available(self) -> bool:
+        return self.marker.exists()
+
+
+class WaitsInRun(ImperativeTask):
+    """Raises Unavailable from run(): a mistake (only a step can be given back), reported as such."""
+
+    def run(self) -> None:
+        self.yield_point()
+        raise Unavailable("the database is down")
+
+
+class Picky(Counter):
+    """Refuses, at submit, a size that is not positive (ValueError) and size=13 (any other exception)."""
+
+    def __init__(self, size: int = 1) -> None:
+        super().__init__(1.0)
+        self.size = size
+
+    @classmethod
+    def check_args(cls, **kwargs: Any) -> None:
+        size = kwargs.get("size", 1)
+        if size == 13:
+            raise RuntimeError("unlucky\nsize")
+        if size <= 0:
+            raise ValueError(f"size must be positive, got {size}")

@@ -20,6 +20,7 @@ from freeride.agent.events import (
     Steps,
     TaskView,
     TrainerChanged,
+    Waiting,
     WindowDone,
     WindowRecord,
 )
@@ -50,6 +51,9 @@ def test_worker_messages_become_domain_messages() -> None:
     assert worker_message_from_pb(steps) == Steps(4, [(10, 2), (12, 3)], {"count": 2.0}, 99)
     done = worker_pb2.WorkerMessage(window_done=worker_pb2.WindowDone(window_id=4, idle_ns=777, step_estimate_ns=5))
     assert worker_message_from_pb(done) == WindowDone(4, idle_since_ns=777, step_estimate_ns=5)
+    for waiting in (True, False):
+        wait = worker_pb2.WorkerMessage(waiting=worker_pb2.WorkerWaiting(reason="db down", waiting=waiting))
+        assert worker_message_from_pb(wait) == Waiting("db down", waiting)
     assert worker_message_from_pb(worker_pb2.WorkerMessage(hello=worker_pb2.WorkerHello(task_id="1"))) is None
 
 

@@ -305,3 +305,60 @@ def test_check_main_prints_one_json_object(task_file: Path, capsys: pytest.Captu
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is True
     assert result["name"] == "Counter"
+
+
+CHECKED_SOURCE = textwrap.dedent(
+    """
+    from freeride import IterativeTask
+
+    class Checked(IterativeTask):
+        def __init__(self, size: int = 1, name: str = "x"):
+            self.size = size
+
+        @classmethod
+        def check_args(cls, **kwargs):
+            if kwargs.get("name") == "echo":
+                raise ValueError(repr(sorted(kwargs.items())))
+            if kwargs.get("name") == "boom":
+                raise KeyError("name")
+            if kwargs.get("name") == "silent":
+                raise ValueError()
+            if kwargs.get("size", 1) <= 0:
+                raise ValueError("size must be positive,\\n  got " + str(kwargs["size"]))
+
+        def step(self):
+            pass
+    """
+)
+
+
+@pytest.fixture
+def checked_file(tmp_path: Path) -> Path:
+    path = tmp_path / f"checked_{uuid.uuid4().hex}.py"
+    path.write_text(CHECKED_SOURCE)
+    return path
+
+
+def test_check_runs_check_args_with_the_given_arguments_as_converted(checked_file: Path) -> None:
+    assert check(f"{checked_file}:Checked", {"size": "3"})["ok"] is True
+    echoed = check(f"{checked_file}:Checked", {"size": "3", "name": "echo"})
+    assert echoed["error"] == "[('name', 'echo'), ('size', 3)]"  # converted (an int), and only what was given
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"size": "0"}, "size must be positive, got 0"),  # a ValueError: the task's own words, on one line
+        ({"name": "boom"}, "check_args raised KeyError: 'name'"),  # anything else: named
+        ({"name": "silent"}, "check_args raised ValueError"),  # a ValueError without words
+    ],
+)
+def test_check_args_refusing_makes_the_check_not_ok_with_one_line(
+    checked_file: Path, args: dict[str, str], error: str
+) -> None:
+    assert check(f"{checked_file}:Checked", args) == {"ok": False, "error": error}
+
+
+def test_the_base_check_args_accepts_anything() -> None:
+    IterativeTask.check_args(anything=1)
+    ImperativeTask.check_args()

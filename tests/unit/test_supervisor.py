@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from engine_fakes import MiB, Rig, in_loop
+from engine_fakes import FakeWorker, MiB, Rig, in_loop
 
-from freeride.agent.events import Control, Ready
-from freeride.agent.model import TaskState
+from freeride.agent.events import Control, Edge, Ready, Waiting, WindowDone
+from freeride.agent.model import TaskRecord, TaskState
+from freeride.agent.tasks import Change
 
 
 @pytest.fixture
@@ -294,3 +295,91 @@ async def test_shutdown_cancels_pending_restarts_and_stops_every_worker(rig: Rig
     worker.exit(-9)
     await stopping
     assert running.state is TaskState.STARTING  # left for the next agent to resume
+
+
+# -- a task that waits for a resource (it raised Unavailable) --------------------------------------
+BUBBLE_NS = 10_000_000  # the scheduler's clock stands at 0: a bubble starting at 0 leaves ~10 ms to grant
+
+
+def bubble(rig: Rig, iteration: int) -> None:
+    """The previous bubble ends and the next one starts: a window opens for whichever task is a candidate."""
+    if iteration:
+        rig.scheduler.on_bubble(Edge(False, True, rank=0, slot=0, iteration=iteration - 1, time_ns=0))
+    rig.scheduler.on_bubble(Edge(True, True, rank=0, slot=0, iteration=iteration, time_ns=0,
+                                 expected_duration_ns=BUBBLE_NS))
+
+
+def grants(worker: FakeWorker) -> list[int]:
+    return [call[1] for call in worker.window.calls if call[0] == "grant"]
+
+
+async def ready_task(rig: Rig) -> tuple[TaskRecord, FakeWorker]:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    worker = rig.worker(rec)
+    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    return rec, worker
+
+
+@in_loop
+async def test_a_waiting_task_gets_no_window_says_why_and_is_scheduled_again_when_its_resource_is_back(
+    rig: Rig,
+) -> None:
+    rec, worker = await ready_task(rig)
+    bubble(rig, 0)
+    assert grants(worker) == [1]
+    rig.changes.clear()
+    # The worker gives window 1 back (its step raised Unavailable), then says it waits: in that order.
+    rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", True))
+    assert rec.id not in rig.scheduler.tasks  # no candidate, no window, no step that could hang
+    assert (rec.state, rec.reason) == (TaskState.READY, "waiting: redis at db:6379 does not answer")
+    assert rig.changes == [(rec.id, TaskState.READY, Change.REASON)]  # announced to watchers, written at once
+    for it in (1, 2, 3):
+        bubble(rig, it)
+    assert grants(worker) == [1]
+    assert worker.kills == [] and rig.table.worker(rec.id) is worker
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
+    assert (rec.state, rec.reason) == (TaskState.READY, "")
+    assert grants(worker) == [1, 4]  # the open window goes to it at once, as after its Ready
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
+    assert list(rig.scheduler.tasks) == [rec.id] and grants(worker) == [1, 4]  # a repeat changes nothing
+
+
+@in_loop
+async def test_a_window_granted_before_the_waiting_message_arrived_goes_to_another_task(rig: Rig) -> None:
+    waiter, w1 = await ready_task(rig)
+    bubble(rig, 0)
+    other, w2 = await ready_task(rig)  # window 1 is held: the other task waits for the next bubble
+    rig.sup.on_worker_message(waiter.id, w1.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    assert grants(w2) == [1]  # the rest of window 1
+    bubble(rig, 1)  # window 2: the waiter looks idle, and its Waiting is still on the way
+    assert grants(w1) == [1, 2]
+    rig.sup.on_worker_message(waiter.id, w1.instance, Waiting("disk full", True))
+    rig.sup.on_worker_message(other.id, w2.instance, WindowDone(1, idle_since_ns=6, step_estimate_ns=0))
+    assert grants(w2) == [1, 2]  # the worker never steps in window 2: it ignores grants made while it waits
+
+
+@pytest.mark.parametrize(("desired", "control"), STOPS)
+@in_loop
+async def test_a_waiting_task_is_paused_or_cancelled_as_any_other_and_a_late_resume_message_is_ignored(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec, worker = await ready_task(rig)
+    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
+    rig.sup.attach(rec.id, worker.instance, outbox)
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", True))
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired, "by user")
+    assert outbox.get_nowait() is control
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", False))  # sent before it read the control
+    assert rec.id not in rig.scheduler.tasks and (rec.state, rec.reason) == (desired, "by user")
+    worker.exit(0)
+    assert rec.state is desired and rig.table.live == {}
+
+
+@in_loop
+async def test_a_waiting_reason_is_one_line_of_bounded_length(rig: Rig) -> None:
+    rec, worker = await ready_task(rig)
+    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("no\nanswer  " + "x" * 1000, True))
+    assert rec.reason.startswith("waiting: no answer xxx") and len(rec.reason) == len("waiting: ") + 200

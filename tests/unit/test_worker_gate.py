@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
 from freeride.sdk._estimate import StepEstimator
-from freeride.sdk.worker import _Gate, _Shared
+from freeride.sdk.worker import _MIN_RETRY_S, _Gate, _gpu_index, _Shared, backoff_delays
 from freeride.v1 import worker_pb2 as pb
 
 
@@ -17,13 +23,34 @@ class Harness:
         self.writer = WindowWriter(tmp_path / "w.win")
         self.sent: list[pb.WorkerMessage] = []
         self.window_done = threading.Event()
-        self.gate = _Gate(_Shared(), self._send, StepEstimator(), lambda force: None)
+        self.waiting = threading.Event()  # set by WorkerWaiting(waiting=true)
+        self.checkpoints = threading.Event()  # set by a forced checkpoint (one asked by the agent)
+        self.shared = _Shared()
+        self.gate = _Gate(self.shared, self._send, StepEstimator(), self._on_idle)
         self.gate.window = WindowReader(str(self.writer.path), self.writer.read_fd)
 
     def _send(self, msg: pb.WorkerMessage) -> None:
         self.sent.append(msg)
         if msg.WhichOneof("body") == "window_done":
             self.window_done.set()
+        if msg.WhichOneof("body") == "waiting" and msg.waiting.waiting:
+            self.waiting.set()
+
+    def _on_idle(self, force: bool) -> None:
+        if force:
+            self.checkpoints.set()
+
+    def bodies(self) -> list[str]:
+        """The messages sent, by kind (an empty step report included: a closing window flushes one)."""
+        return [str(m.WhichOneof("body")) for m in self.sent]
+
+    def waits(self) -> list[tuple[str, bool]]:
+        return [(m.waiting.reason, m.waiting.waiting) for m in self.sent if m.WhichOneof("body") == "waiting"]
+
+    def control(self, action: pb.ControlAction) -> None:
+        """What the reader thread does when the agent sends a control."""
+        self.shared.control = action
+        self.shared.wake()
 
     def done(self) -> list[tuple[int, int]]:
         return [(m.window_done.window_id, m.window_done.reason) for m in self.sent
@@ -65,3 +92,114 @@ def test_the_gate_closes_a_window_when_the_next_step_would_not_fit(tmp_path: Pat
     h.writer.grant(2, time.monotonic_ns() + 10**9)
     waiter.join(5)
     assert not waiter.is_alive()
+
+
+# -- a task that raised Unavailable ----------------------------------------------------------------
+
+
+def wait_in_background(h: Harness, exc: Unavailable, available: Callable[[], bool]) -> tuple[threading.Thread, list]:
+    """Run the gate's wait in a thread; the list gets what it raised (if anything)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            h.gate.wait_available(exc, available)
+        except BaseException as e:
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert h.waiting.wait(5)
+    return t, raised
+
+
+def test_unavailable_gives_the_window_back_waits_with_backoff_and_ignores_grants_made_meanwhile(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    far = time.monotonic_ns() + 10**9
+    h.writer.grant(1, far)
+    h.gate.acquire()
+    calls: list[float] = []
+
+    def available() -> bool:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            h.writer.grant(2, far)  # granted before the agent read WorkerWaiting: stale for this worker
+        return len(calls) == 4
+
+    began = time.monotonic()
+    h.gate.wait_available(Unavailable("db down", retry_s=0.01, max_retry_s=0.03), available)
+    # The window went back first (same stream, in order), then the wait, then its end; no step counted.
+    assert h.bodies() == ["steps", "window_done", "waiting", "waiting"]
+    assert h.done() == [(1, pb.WINDOW_END_REASON_UNAVAILABLE)]
+    assert h.waits() == [("db down", True), ("db down", False)]
+    assert h.gate.total_steps == 0 and h.gate.estimator.samples() == [] and h.gate.remaining_s() == 0
+    # Each try came at least its backoff after the one before: 0.01, 0.02, then 0.03 (the cap) twice.
+    gaps = [b - a for a, b in itertools.pairwise([began, *calls])]
+    assert [g >= d for g, d in zip(gaps, [0.01, 0.02, 0.03, 0.03], strict=True)] == [True] * 4, gaps
+    assert h.gate._last_wid == 2  # window 2 is stale: never stepped in, never reported
+    waiter = h.acquire_in_background()
+    h.writer.grant(3, far)  # the agent's next grant, after it read WorkerWaiting(waiting=false)
+    waiter.join(5)
+    assert not waiter.is_alive() and h.gate._wid == 3
+    assert h.done() == [(1, pb.WINDOW_END_REASON_UNAVAILABLE)]
+
+
+@pytest.mark.parametrize("stop", [pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL, "lost"])
+def test_pause_cancel_and_a_lost_agent_end_a_long_wait_at_once(tmp_path: Path, stop: object) -> None:
+    h = Harness(tmp_path)
+    h.writer.grant(1, time.monotonic_ns() + 10**9)
+    h.gate.acquire()
+    waiter, raised = wait_in_background(h, Unavailable("down", retry_s=60.0), lambda: False)
+    began = time.monotonic()
+    if stop == "lost":  # the reader thread saw the stream break
+        h.shared.lost = True
+        h.shared.wake()
+    else:
+        assert isinstance(stop, int)
+        h.control(stop)
+    waiter.join(5)
+    assert not waiter.is_alive() and time.monotonic() - began < 5  # not the 60 s backoff
+    assert len(raised) == 1 and isinstance(raised[0], TaskStop)
+    assert h.done() == [(1, pb.WINDOW_END_REASON_UNAVAILABLE)]  # nothing more to close: it held no window
+
+
+def test_a_checkpoint_asked_while_waiting_is_taken_and_the_wait_goes_on(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    waiter, raised = wait_in_background(h, Unavailable("down", retry_s=60.0), lambda: False)
+    h.control(pb.CONTROL_ACTION_CHECKPOINT)
+    assert h.checkpoints.wait(5)
+    assert waiter.is_alive() and h.shared.control == pb.CONTROL_ACTION_UNSPECIFIED
+    h.control(pb.CONTROL_ACTION_PAUSE)
+    waiter.join(5)
+    assert not waiter.is_alive() and isinstance(raised[0], TaskStop)
+
+
+def test_available_raising_counts_as_not_available_and_is_logged_once_per_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(tmp_path)
+    calls = itertools.count(1)
+
+    def available() -> bool:
+        if next(calls) < 4:
+            raise ConnectionRefusedError("no answer")
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="freeride.worker"):
+        h.gate.wait_available(Unavailable("down", retry_s=0.001, max_retry_s=0.001), available)
+    assert next(calls) == 5  # three raised, the fourth said yes
+    assert [r.getMessage() for r in caplog.records] == ["available() raised; counted as not available"]
+    assert h.waits() == [("down", True), ("down", False)]
+
+
+def test_the_backoff_doubles_up_to_its_cap_and_never_spins() -> None:
+    assert list(itertools.islice(backoff_delays(1.0, 30.0), 7)) == [1, 2, 4, 8, 16, 30, 30]
+    assert list(itertools.islice(backoff_delays(5.0, 1.0), 2)) == [5, 5]  # a cap below the start: the start
+    assert next(backoff_delays(0.0, 0.0)) == _MIN_RETRY_S
+
+
+@pytest.mark.parametrize(("raw", "gpu"), [("3", 3), ("0", 0), ("", -1), ("cuda", -1)])
+def test_the_worker_reads_its_gpu_index_from_the_agents_environment(raw: str, gpu: int) -> None:
+    assert _gpu_index(raw) == gpu  # -1: started by hand, not by an agent
