@@ -4,18 +4,39 @@ The public surface for side-task authors and trainer integrations; everything el
 subpackages (`freeride.agent`, `freeride.trainer`, `freeride.cli`).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from freeride.core.version import __version__
 from freeride.errors import (
     AgentUnavailableError,
     FreerideError,
     InvalidSpecError,
     InvalidStateError,
+    PoolError,
     TaskNotFoundError,
     TaskRefError,
     TaskStop,
     Unavailable,
 )
 from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
+
+if TYPE_CHECKING:
+    from freeride.pool import PoolItem
+    from freeride.sdk.pool import PoolTask
+
+
+def __getattr__(name: str) -> Any:
+    """The pool task and its item, imported on first use: redis-py costs every trainer ~0.1 s to import."""
+    if name == "PoolTask":
+        from freeride.sdk.pool import PoolTask
+
+        return PoolTask
+    if name == "PoolItem":
+        from freeride.pool import PoolItem
+
+        return PoolItem
+    raise AttributeError(f"module 'freeride' has no attribute {name!r}")
+
 
 __all__ = [
     # errors
@@ -25,7 +46,11 @@ __all__ = [
     "ImperativeTask",
     "InvalidSpecError",
     "InvalidStateError",
+    "PoolError",
     "IterativeTask",
+    # work pools (Redis Streams)
+    "PoolItem",
+    "PoolTask",
     "TaskContext",
     "TaskNotFoundError",
     "TaskRefError",

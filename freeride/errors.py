@@ -47,3 +47,7 @@ class TaskStop(BaseException):
 
     Derives from BaseException so that a task's own `except Exception` does not swallow it.
     """
+
+
+class PoolError(FreerideError):
+    """A work pool's URL is malformed, its Redis refuses the request, or the pool does not exist."""
