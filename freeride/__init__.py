@@ -39,16 +39,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    # errors
     "AgentUnavailableError",
     "FreerideError",
-    # tasks
     "ImperativeTask",
     "InvalidSpecError",
     "InvalidStateError",
-    "PoolError",
     "IterativeTask",
-    # work pools (Redis Streams)
+    "PoolError",
     "PoolItem",
     "PoolTask",
     "TaskContext",
