@@ -60,6 +60,8 @@ class PoolTask(IterativeTask):
         self._unacked_io_s = 0.0
         self._item_s = 0.0  # slowest recent item, decaying: the cost planned for the next one
         self._own = True  # the first lease re-reads what this consumer held before a restart
+        # Queue I/O per item of each recent step (microseconds): lease, fail and acknowledge round trips.
+        self._overhead_us: deque[float] = deque(maxlen=1024)
         self._finished = False
 
     # -- for subclasses ----------------------------------------------------------------------------
@@ -109,6 +111,7 @@ class PoolTask(IterativeTask):
 
     def _step(self) -> None:
         pool = self._connect()
+        io_before = self.io_s
         self._flush()
         remaining = self.context.remaining_s()
         start = time.perf_counter()
@@ -140,7 +143,10 @@ class PoolTask(IterativeTask):
                 break
         self._unacked += done
         self._unacked_busy_s += busy
+        items = len(self._unacked)
         self._flush()
+        if items:
+            self._overhead_us.append((self.io_s - io_before) * 1e6 / items)
 
     def _lease(self, pool: Pool, budget_s: float) -> None:
         per_step = int(budget_s / self._item_s) if self._item_s > 0 else 1
@@ -221,9 +227,12 @@ class PoolTask(IterativeTask):
 
     def progress(self) -> Mapping[str, float]:
         spent = self.busy_s + self.io_s
+        overhead = sorted(self._overhead_us)
         return {
             "items": float(self.items_done),
             "failed": float(self.items_failed),
             "items_per_s": self.items_done / self.busy_s if self.busy_s > 0 else 0.0,
             "queue_io_share": self.io_s / spent if spent > 0 else 0.0,
+            "queue_us_per_item_p50": overhead[len(overhead) // 2] if overhead else 0.0,
+            "queue_us_per_item_p99": overhead[int(0.99 * (len(overhead) - 1))] if overhead else 0.0,
         }

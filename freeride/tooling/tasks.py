@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
-from freeride import IterativeTask
+from freeride import IterativeTask, PoolItem, PoolTask
 
 
 class SleepTask(IterativeTask):
@@ -75,3 +77,42 @@ class MatmulTask(IterativeTask):
 
     def progress(self) -> Mapping[str, float]:
         return {"steps": float(self.steps), "matmuls_per_step": float(self.repeats)}
+
+
+class FilePool(PoolTask):
+    """A pool task for tests and `bench pool`: item i writes `out_dir/i` holding its id, after `work_us` of CPU.
+
+    An item whose args say {"poison": true} raises (it ends in the dead letters). Each call to
+    process() appends the id to `out_dir/.processed-<consumer>`, so a test can tell how often an item ran.
+    """
+
+    def __init__(self, pool: str, out_dir: str, work_us: float = 0.0, sync: bool = False) -> None:
+        super().__init__(pool)
+        self.out_dir = Path(out_dir)
+        self.work_s = work_us / 1e6
+        self.sync = sync
+
+    def setup(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        name = self.consumer.replace("/", "_")
+        self._journal = open(self.out_dir / f".processed-{name}", "a", buffering=1)  # noqa: SIM115 - closed in teardown
+
+    def process(self, item: PoolItem) -> None:
+        self._journal.write(f"{item.id}\n")
+        if item.args.get("poison"):
+            raise ValueError(f"item {item.id} is poison")
+        end = time.perf_counter() + self.work_s
+        while time.perf_counter() < end:
+            pass
+        out = self.out_dir / item.id
+        tmp = self.out_dir / f".{item.id}.tmp"
+        with open(tmp, "w") as f:
+            f.write(item.id)
+            if self.sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, out)
+
+    def teardown(self) -> None:
+        super().teardown()
+        self._journal.close()
