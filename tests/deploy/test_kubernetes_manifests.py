@@ -62,6 +62,17 @@ def test_core_manifests_validate_against_the_kubernetes_schemas(version: str) ->
         kubernetes_validate.validate(doc, version, strict=True)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_example_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
+    """deploy/kubernetes/examples/ (e.g. Redis for work pools) is applied by hand: it must be as valid."""
+    examples = sorted((K8S / "examples").glob("*.yaml"))
+    assert examples, "no example manifests"
+    for path in examples:
+        for doc in yaml.load_all(path.read_text(), Loader=_LOADER):
+            if doc:
+                kubernetes_validate.validate(doc, version, strict=True)
+
+
 def test_a_misspelt_field_is_caught_by_the_schema_check() -> None:
     ds = _one("DaemonSet")
     ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True

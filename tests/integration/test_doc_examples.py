@@ -3,6 +3,8 @@
 Each ```python block is classified by what it shows, and run the way a reader would use it:
 - a side task (a class deriving from IterativeTask or ImperativeTask) is written to a file, submitted
   to a real agent and driven by a synthetic trainer until it is DONE;
+- a pool task (deriving from PoolTask) the same, drawing from a pool of 50 items on a real Redis,
+  which must end with every item done;
 - the reporter example runs against a real agent (its example address replaced by the agent's),
   and the agent counts the edges it sent;
 - the `connect()` example finds the agent through FREERIDE_AGENT and reports a bubble;
@@ -20,8 +22,10 @@ from typing import Any
 
 import pytest
 from conftest import BackgroundTrainer
+from redis_support import RedisServer, need_redis
 
 from freeride.client import AgentClient
+from freeride.pool import Pool, parse_pool_url, range_items
 from freeride.tooling.harness import AgentProcess, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2
 
@@ -41,18 +45,20 @@ def examples() -> list[tuple[str, str]]:
     return out
 
 
-def task_classes(code: str) -> list[str]:
+def task_classes(code: str, bases: tuple[str, ...] = ("IterativeTask", "ImperativeTask")) -> list[str]:
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return []  # reported by test_every_example_can_be_run_here
     return [node.name for node in tree.body if isinstance(node, ast.ClassDef)
-            and any(getattr(b, "id", "") in ("IterativeTask", "ImperativeTask") for b in node.bases)]
+            and any(getattr(b, "id", "") in bases for b in node.bases)]
 
 
 def kind(code: str) -> str:
     if task_classes(code):
         return "task"
+    if task_classes(code, ("PoolTask",)):
+        return "pool"
     if "BubbleReporter(" in code:
         return "reporter"
     if "connect()" in code:
@@ -68,7 +74,7 @@ IDS = [where for where, _ in EXAMPLES]
 
 def test_the_docs_have_examples_of_each_kind():
     kinds = {kind(code) for _, code in EXAMPLES}
-    assert {"task", "reporter", "connect", "integration"} <= kinds, kinds
+    assert {"task", "pool", "reporter", "connect", "integration"} <= kinds, kinds
 
 
 @pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=IDS)
@@ -92,6 +98,33 @@ def test_a_side_task_example_runs_to_done_in_a_real_agent(where: str, code: str,
         done = wait_for_task(client, info.id, [tasks_pb2.TASK_STATE_DONE, tasks_pb2.TASK_STATE_FAILED], 60)
     assert done.state == tasks_pb2.TASK_STATE_DONE, f"{where}: {done.reason}"
     assert done.progress["done"] == 1.0 and done.checkpoint_steps > 0  # it stepped to the end and saved it
+
+
+POOLS = [(w, c) for w, c in EXAMPLES if kind(c) == "pool"]
+
+
+@pytest.mark.parametrize(("where", "code"), POOLS, ids=[w for w, _ in POOLS])
+def test_a_pool_task_example_drains_its_pool_in_a_real_agent(where: str, code: str, tmp_path: Path,
+                                                             agent: AgentProcess, client: AgentClient):
+    need_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        url = server.url("example")
+        with Pool(parse_pool_url(url)) as pool:
+            pool.create(range_items(50))
+            path = tmp_path / "example_pool_task.py"
+            path.write_text(code)
+            (cls,) = task_classes(code, ("PoolTask",))
+            args = {"pool": url, "out_dir": str(tmp_path / "out")}
+            info = client.submit(tasks_pb2.TaskSpec(ref=f"{path}:{cls}", args=args))
+            with BackgroundTrainer(agent, [20.0, 20.0]):
+                done = wait_for_task(client, info.id, [tasks_pb2.TASK_STATE_DONE, tasks_pb2.TASK_STATE_FAILED], 60)
+            assert done.state == tasks_pb2.TASK_STATE_DONE, f"{where}: {done.reason}"
+            status = pool.status()
+            assert (status.done, status.failed, status.pending) == (50, 0, 0)
+            assert len(list((tmp_path / "out").iterdir())) == 50
+    finally:
+        server.kill()
 
 
 def _only(k: str) -> str:
