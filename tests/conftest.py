@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_support import RedisServer, need_redis
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, WindowCollector, replay, wait_for_task
@@ -28,6 +29,17 @@ def task_ref(name: str) -> str:
 
 def spec(name: str, **args: object) -> tasks_pb2.TaskSpec:
     return tasks_pb2.TaskSpec(ref=task_ref(name), args={k: str(v) for k, v in args.items()})
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server on a unix socket (skips, saying why, where redis-server is not installed)."""
+    need_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture
