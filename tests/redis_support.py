@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,8 @@ SKIP_REASON = ("redis-server is not installed (Debian: apt-get install redis-ser
 class RedisServer:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.socket = root / "redis.sock"
+        # Not under root: a unix socket's path is limited to 107 bytes, and pytest's tmp paths are long.
+        self.socket = Path(tempfile.mkdtemp(prefix="redis-")) / "redis.sock"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, name: str, db: int = 0) -> str:
@@ -66,9 +68,11 @@ class RedisServer:
         self.proc.wait(timeout=30)
 
     def kill(self) -> None:
+        """Kill the server (if running) and remove its socket's directory."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
