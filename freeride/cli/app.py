@@ -1,4 +1,4 @@
-"""The product's commands (agent, submit, ls, ..., doctor, stats, top, health) and how they run.
+"""The product's commands (agent, submit, ls, ..., doctor, stats, top, health, pool) and how they run.
 
 The `freeride` entry point (freeride.main) adds the tooling's commands (bench, demo, timeline) to
 these. Configures logging; everything below it only uses loggers.
@@ -17,6 +17,7 @@ from typing import NoReturn
 import grpc
 
 from freeride.cli import _agents, commands
+from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
 from freeride.errors import FreerideError
 
@@ -54,7 +55,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     commands.add_agent_args(a)
     a.set_defaults(func=commands.cmd_agent)
 
-    s = sub.add_parser("submit", help="submit a side task")
+    s = sub.add_parser("submit", help="submit a side task (to every agent with --all or --agent repeated)")
     add_agent_args(s)
     s.add_argument("ref", help="package.module:Class or path/to/file.py:Class")
     s.add_argument("args", nargs="*", metavar="key=value", help="arguments for the task's constructor")
@@ -107,6 +108,9 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     h.add_argument("--timeout-s", type=float, default=5.0, help="give up after this long (default 5)")
     h.add_argument("--wait-s", type=float, default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=commands.cmd_health)
+
+    pool = sub.add_parser("pool", help="work pools on Redis: create, status, retry-failed, delete")
+    pool_cli.add_parsers(subcommands(pool, "subcommand"))
 
     if more is not None:
         more(sub)

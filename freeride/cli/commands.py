@@ -155,6 +155,9 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     )
     if not 0 <= ns.priority <= 100:
         raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")
+    agents = _agents.resolve(ns)
+    if agents.multi:
+        return multi.cmd_submit(ns, agents, spec)
     with one_client(ns) as c:
         info = c.submit(spec)
     if ns.json:

@@ -1,11 +1,14 @@
-"""`ls` and `stats` over several agents: a row per agent, and totals."""
+"""`ls` and `stats` over several agents (a row per agent, and totals), and `submit` to each of them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 from rich.console import Console
 from rich.table import Table
 
@@ -129,3 +132,31 @@ def cmd_ls(ns: argparse.Namespace, agents: _agents.AgentSet, states: list[Any]) 
         )
     Console().print(table)
     return 0
+
+
+def _submit_one(ns: argparse.Namespace, target: str, spec: tasks_pb2.TaskSpec) -> tasks_pb2.TaskInfo | str:
+    """The new task, or why this agent has none (one line)."""
+    try:
+        with _agents.client(ns, target) as c:
+            return c.submit(spec)
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return "no agent answers there: start it with `freeride agent` or leave it out"
+        return str(exc.details()) if hasattr(exc, "details") else str(exc)
+
+
+def cmd_submit(ns: argparse.Namespace, agents: _agents.AgentSet, spec: tasks_pb2.TaskSpec) -> int:
+    """The same task to every agent, side by side (each checks the reference itself): a line per agent; exit 2
+    if any of them has no task (the others keep theirs)."""
+    with ThreadPoolExecutor(max_workers=min(8, len(agents.targets))) as pool:
+        results = list(pool.map(lambda t: (t, _submit_one(ns, t, spec)), agents.targets))
+    for target, result in results:
+        if isinstance(result, str):
+            print(f"freeride: error: agent {target}: {result}", file=sys.stderr)
+        elif not ns.json:
+            print(f"agent {target}: submitted task {result.id} ({result.spec.name}): {STATE_NAMES[result.state]}")
+    if ns.json:
+        print_json([{"agent": target, "task": None if isinstance(result, str) else message_dict(result),
+                     "error": result if isinstance(result, str) else None} for target, result in results])
+    return 2 if any(isinstance(result, str) for _, result in results) else 0

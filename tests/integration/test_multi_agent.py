@@ -1,10 +1,11 @@
-"""One CLI over many agents: `--agent` repeated or `--all`, aggregated `stats`/`ls`, and `freeride top`."""
+"""One CLI over many agents: `--agent` repeated or `--all`, aggregated `stats`/`ls`, `submit` to each, `top`."""
 
 from __future__ import annotations
 
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import bubbles, drive
+from conftest import FAST, TASKS, bubbles, drive
 from test_cli import _env, assert_usage_error, freeride
 
 from freeride.tooling.harness import AgentProcess, wait_for_task
@@ -80,7 +81,7 @@ def test_a_task_command_goes_to_the_agent_that_owns_the_id_or_fails_in_one_line(
     assert json.loads(shown.stdout)["spec"]["name"] == "b2"  # only GPU 1's agent has a task 2
     assert "exists on" in assert_usage_error(freeride("pause", "1", "--all", env=env))  # both have a task 1
     assert "no agent of 2 has task '9'" in assert_usage_error(freeride("cancel", "9", "--all", env=env))
-    assert "talks to one agent" in assert_usage_error(freeride("submit", "x:Y", "--all", env=env))
+    assert "talks to one agent" in assert_usage_error(freeride("health", "--all", env=env))
 
 
 def test_all_with_an_empty_runtime_directory_says_where_it_looked(tmp_path):
@@ -140,3 +141,72 @@ def test_all_skips_a_stale_socket_with_a_warning(two, tmp_path):
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["agents"]) == 2
     assert "agent-gpu9.sock; skipped" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[AgentProcess]]]:
+    """Two agents on fake GPUs 0 and 1, sockets side by side, no tasks: what `submit --all` submits to."""
+    root = tmp_path_factory.mktemp("submit")
+    procs = [AgentProcess(state_dir=root / f"state{g}", gpu=g, extra_args=[*FAST, "--fake-gpu"]) for g in (0, 1)]
+    try:
+        for p in procs:
+            p.spawn()
+        for p in procs:
+            p.wait_ready()
+        yield root, procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _names(procs: list[AgentProcess]) -> list[list[str]]:
+    out = []
+    for p in procs:
+        with p.client() as c:
+            out.append(sorted(t.spec.name for t in c.list()))
+    return out
+
+
+def test_submit_all_gives_every_agent_the_task(pair):
+    root, procs = pair
+    res = freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "everywhere",
+                   env=_env(FREERIDE_SOCKET_DIR=str(root)))
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2
+    for p, line in zip(procs, lines, strict=True):
+        m = re.fullmatch(rf"agent {re.escape(p.target)}: submitted task (\S+) \(everywhere\): (\w+)", line)
+        assert m, line
+        with p.client() as c:
+            assert c.get(m.group(1)).spec.name == "everywhere"
+    res = freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter", "step_ms=1",
+                   "--name", "json", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert [(a["agent"], a["task"]["spec"]["name"], a["error"]) for a in out] == [
+        (p.target, "json", None) for p in procs]
+    assert all(names.count("everywhere") == 1 and names.count("json") == 1 for names in _names(procs))
+
+
+def test_submit_all_says_which_agent_refused_and_the_others_keep_theirs(pair, tmp_path):
+    _root, procs = pair
+    before = _names(procs)
+    for p in procs:
+        (tmp_path / p.socket.name).symlink_to(p.socket)
+    (tmp_path / "agent-gpu7.sock").touch()  # left behind by an agent that died
+    res = freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "partly",
+                   env=_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
+    assert res.returncode == 2
+    assert [line.split(": submitted")[0] for line in res.stdout.splitlines()] == [
+        f"agent unix:{tmp_path / p.socket.name}" for p in procs]
+    [error] = res.stderr.splitlines()
+    assert error == f"freeride: error: agent unix:{tmp_path / 'agent-gpu7.sock'}: no agent answers there: start it " \
+                    "with `freeride agent` or leave it out"
+    assert [sorted([*names, "partly"]) for names in before] == _names(procs)
+
+    res = freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter", "nope=1",
+                   "--json")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.splitlines()) == 2 and all("no argument 'nope'" in e for e in res.stderr.splitlines())
+    assert [(a["agent"], a["task"]) for a in json.loads(res.stdout)] == [(p.target, None) for p in procs]
+    assert [sorted([*names, "partly"]) for names in before] == _names(procs)
