@@ -37,8 +37,25 @@ def _mask(netloc: str) -> str:
     return f"{user}:***@{host}" if colon else f"***@{host}"
 
 
+_CREDENTIALS = re.compile(r"(?<=://)([^/@]*)@")
+_PASSWORD_PARAM = re.compile(r"(?i)(password=)[^&]*")
+
+
+def mask(text: str) -> str:
+    """`text` (a URL as given, maybe malformed) with any password in it replaced by ***."""
+    text = _CREDENTIALS.sub(lambda m: _mask(m.group(0)[:-1] + "@x")[:-1], text)
+    return _PASSWORD_PARAM.sub(r"\1***", text)
+
+
 def parse_pool_url(text: str) -> PoolUrl:
-    """A pool URL, or PoolError saying which part is wrong and what the forms are."""
+    """A pool URL, or PoolError saying which part is wrong and what the forms are (never the password)."""
+    try:
+        return _parse(text)
+    except PoolError as exc:
+        raise PoolError(str(exc).replace(repr(text), repr(mask(text)))) from None
+
+
+def _parse(text: str) -> PoolUrl:
     try:
         parts = urlsplit(text.strip())
     except ValueError as exc:
@@ -68,5 +85,5 @@ def parse_pool_url(text: str) -> PoolUrl:
             raise PoolError(f"pool URL {text!r} has a bad port; use {_FORMS}") from None
     query_part = f"?{parts.query}" if parts.query else ""
     redis_url = f"{parts.scheme}://{parts.netloc}{path}{query_part}"
-    safe = f"{parts.scheme}://{_mask(parts.netloc)}{path}{query_part}"
+    safe = mask(f"{parts.scheme}://{parts.netloc}{path}{query_part}")
     return PoolUrl(redis_url=redis_url, name=name, safe_redis_url=safe)

@@ -86,3 +86,15 @@ def test_args_round_trip_and_missing_pool_is_an_error(redis_server: RedisServer)
         missing.status()
     pool.delete()
     assert not pool.exists()
+
+
+def test_no_message_about_a_url_shows_its_password() -> None:
+    from freeride.pool.url import mask
+
+    for bad in ("redis://:s3cret@h/", "redis://u:s3cret@h:99999/x", "redis://:s3cret@h/0", "http://u:s3cret@h/x"):
+        with pytest.raises(PoolError) as err:
+            parse_pool_url(bad)
+        assert "s3cret" not in str(err.value) and "***" in str(err.value)
+    url = parse_pool_url("rediss://u:s3cret@h:6380/2/x?password=s3cret&ssl_cert_reqs=none")
+    assert "s3cret" not in str(url) and "s3cret" not in url.safe_redis_url and "s3cret" in url.redis_url
+    assert mask("unix://:s3cret@/run/redis.sock/x") == "unix://:***@/run/redis.sock/x"
