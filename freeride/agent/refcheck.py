@@ -22,13 +22,13 @@ async def check_ref(spec: TaskSpec) -> dict[str, Any]:
         "-m",
         "freeride.sdk.check",
         spec.ref,
-        *(f"{k}={v}" for k, v in spec.args.items()),
-        stdin=asyncio.subprocess.DEVNULL,
+        "-",  # the arguments on stdin, not on a command line every user of the host can read
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=_CHECK_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(json.dumps(spec.args).encode()), timeout=_CHECK_TIMEOUT_S)
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -20,6 +20,7 @@ from freeride.cli import _agents, multi
 from freeride.cli.common import UsageError, absolute_ref, message_dict, print_json
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
+from freeride.core.secrets import mask
 from freeride.core.units import format_seconds, format_size, parse_size
 from freeride.v1 import tasks_pb2
 
@@ -206,7 +207,7 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
     cnt = info.counters
     rows = [
         ("id", info.id), ("name", info.spec.name), ("task", info.spec.ref), ("kind", info.kind),
-        ("args", " ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items())) or "-"),
+        ("args", mask(" ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items()))) or "-"),
         ("state", STATE_NAMES[info.state]), ("reason", info.reason or "-"),
         ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
         ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps

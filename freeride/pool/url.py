@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
+from freeride.core.secrets import mask
 from freeride.errors import PoolError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -27,24 +28,6 @@ class PoolUrl:
 
     def __str__(self) -> str:
         return f"{self.safe_redis_url.split('?', 1)[0].rstrip('/')}/{self.name}"
-
-
-def _mask(netloc: str) -> str:
-    creds, at, host = netloc.rpartition("@")
-    if not at:
-        return netloc
-    user, colon, _ = creds.partition(":")
-    return f"{user}:***@{host}" if colon else f"***@{host}"
-
-
-_CREDENTIALS = re.compile(r"(?<=://)([^/@]*)@")
-_PASSWORD_PARAM = re.compile(r"(?i)(password=)[^&]*")
-
-
-def mask(text: str) -> str:
-    """`text` (a URL as given, maybe malformed) with any password in it replaced by ***."""
-    text = _CREDENTIALS.sub(lambda m: _mask(m.group(0)[:-1] + "@x")[:-1], text)
-    return _PASSWORD_PARAM.sub(r"\1***", text)
 
 
 def parse_pool_url(text: str) -> PoolUrl:

@@ -42,8 +42,10 @@ def _refusal(exc: Exception) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """`REF key=value ...`, or `REF -`: the arguments as one JSON object on stdin (the agent's way: a
+    command line is visible to every user of the host, and arguments may hold a password)."""
     ref, *pairs = argv
-    args = dict(p.split("=", 1) for p in pairs)
+    args = json.loads(sys.stdin.read()) if pairs == ["-"] else dict(p.split("=", 1) for p in pairs)
     print(json.dumps(check(ref, args)))
     return 0
 

@@ -298,3 +298,13 @@ def test_a_second_agent_on_the_same_state_dir_is_refused(agent, client, tmp_path
     assert "already using state dir" in line and str(agent.state_dir) in line
     assert not other.exists()
     assert client.health() == 1  # the first agent is untouched
+
+
+def test_show_hides_a_password_in_the_task_arguments(agent, client):
+    """A pool URL carries its Redis password: `show` prints it masked (and the reference check got it on
+    stdin, never on a command line other users can read)."""
+    url = "redis://:s3cret@redis-host:6379/0/thumbs"
+    task = wait_for_task(client, client.submit(spec("CrashOnce", marker=url)).id, [READY])
+    shown = freeride("show", task.id, "--agent", agent.socket)
+    assert shown.returncode == 0, shown.stderr
+    assert "s3cret" not in shown.stdout and "marker=redis://:***@redis-host:6379/0/thumbs" in shown.stdout
