@@ -70,7 +70,12 @@ local function take(entries)
   end
 end
 local function read(from)
-  local r = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', n - #out, 'STREAMS', KEYS[1], from)
+  local r
+  if from == '0' then  -- this consumer's own pending entries: all of them, whatever the count
+    r = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'STREAMS', KEYS[1], from)
+  else
+    r = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', n - #out, 'STREAMS', KEYS[1], from)
+  end
   if r and r[1] then take(r[1][2]) end
 end
 if redis.call('SADD', KEYS[5], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[4], 'first_unix') == 0 then
@@ -350,7 +355,8 @@ class Pool:
                 last_unix=float(c.get("last_unix", 0)),
             ))
         dead = []
-        for _, raw_fields in self._r.xrange(self.k_dead, count=dead_shown) or []:
+        raw_dead = self._r.xrange(self.k_dead, count=dead_shown) if dead_shown > 0 else []  # XRANGE COUNT 0: an error
+        for _, raw_fields in raw_dead or []:
             f = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
             dead.append(DeadLetter(item=PoolItem(f.get("id", ""), json.loads(f.get("args", "{}"))),
                                    tries=int(f.get("tries", 0)), error=f.get("error", ""),
@@ -384,9 +390,10 @@ class Pool:
     # -- consumers -------------------------------------------------------------------------------
     def lease(self, consumer: str, count: int, own: bool = False, host: str = "", gpu: str = "",
               task: str = "") -> list[Lease]:
-        """Up to `count` items for `consumer`: its own unfinished ones first when `own` (after a restart),
-        then items whose lease expired (an item held by consumers that died `max_tries` times goes to
-        the dead letters instead), then new ones."""
+        """Items for `consumer`. First, when `own` (after a restart), every item it still holds, however
+        many: one left behind would come back only when its lease expired, counted as a lease its worker
+        died with. Then, up to `count` in all, items whose lease expired (an item held by consumers that
+        died `max_tries` times goes to the dead letters instead), then new ones."""
         lease_s, max_tries = self.settings()
         flat = self._lease(
             keys=[self.k_items, self.k_meta, self.k_dead, self._consumer_prefix + consumer, self.k_consumers],

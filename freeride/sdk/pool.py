@@ -120,8 +120,9 @@ class PoolTask(IterativeTask):
             self._lease(pool, budget)
             if not self._leases:
                 return
-        done: list[Lease] = []
-        busy = 0.0
+        # An item joins the acknowledgement list as soon as process() returned: a later item of the step that
+        # raises Unavailable, or a Redis that stops answering, must not make a done item come back to others
+        # after its lease (processed twice, and counted as a lease whose worker died).
         while self._leases:
             lease = self._leases.popleft()
             t0 = time.perf_counter()
@@ -132,17 +133,19 @@ class PoolTask(IterativeTask):
                 raise
             except Exception as exc:
                 took = time.perf_counter() - t0
-                busy += took
-                self._failed(pool, lease, exc)
+                self._unacked_busy_s += took
+                try:
+                    self._failed(pool, lease, exc)
+                except _REDIS_DOWN:
+                    self._leases.appendleft(lease)  # not recorded: processed (and failed) again once Redis is back
+                    raise
             else:
                 took = time.perf_counter() - t0
-                busy += took
-                done.append(lease)
+                self._unacked_busy_s += took
+                self._unacked.append(lease)
             self._item_s = max(took, 0.9 * self._item_s)
             if time.perf_counter() + self._item_s > start + budget:
                 break
-        self._unacked += done
-        self._unacked_busy_s += busy
         items = len(self._unacked)
         self._flush()
         if items:
@@ -169,10 +172,10 @@ class PoolTask(IterativeTask):
 
     def _failed(self, pool: Pool, lease: Lease, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
-        self.items_failed += 1
         t0 = time.perf_counter()
         dead = pool.fail(self.consumer, lease, error)
         self._io(time.perf_counter() - t0)
+        self.items_failed += 1
         log.warning("item %s failed (%s)%s", lease.item.id, error, "; moved to the dead letters" if dead else "")
 
     def _io(self, seconds: float) -> None:
@@ -199,7 +202,10 @@ class PoolTask(IterativeTask):
     def available(self) -> bool:
         """Redis answers and the pool has a free item again (leased here at once), or it is finished."""
         pool = self._connect()
-        pool.ping()
+        try:
+            pool.ping()
+        except _REDIS_DOWN:
+            return False  # still down: what the wait is for, not an error to log with its traceback
         self._flush()
         if self._leases:
             return True
