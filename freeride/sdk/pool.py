@@ -1,8 +1,9 @@
 """PoolTask: a side task whose work is the items of a pool on Redis that many agents share.
 
-User code is `process(item)`; everything else is the public task API. A step leases as many items
-as fit (sized from the measured time per item), processes them, and acknowledges them in one round
-trip once `process` has returned, i.e. once their outputs are durable. Items a dead worker or agent
+User code is `process(item)`; everything else is the public task API. A lease takes about 0.1 s of
+work (sized from the measured time per item); a step processes as many of the leased items as fit
+its window, and the batch is acknowledged in one round trip once used up (or every 0.5 s), always
+after `process` returned, i.e. once the outputs are durable. Items a dead worker or agent
 held come back to the others after the pool's lease time; an item whose processing raises
 `max_tries` times goes to the pool's dead letters with its error. Redis unreachable: the task
 raises Unavailable, gives its window back and waits (backing off) until Redis answers again.
@@ -27,7 +28,11 @@ log = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 _FILL = 0.8  # share of the window's remaining time a step may plan to use
-_LEASE_STEPS = 4  # a lease covers about this many steps' worth of items
+# A lease takes about this much work (by the measured time per item), and the batch is acknowledged in one
+# round trip when it is used up, or at the end of a step this long after the last acknowledgement: a round
+# trip costs ~0.2 ms (more on a loaded machine), so once per step would cost a few percent of short steps.
+_BATCH_S = 0.1
+_ACK_EVERY_S = 0.5
 
 
 class PoolTask(IterativeTask):
@@ -60,9 +65,12 @@ class PoolTask(IterativeTask):
         self._unacked_io_s = 0.0
         self._item_s = 0.0  # slowest recent item, decaying: the cost planned for the next one
         self._own = True  # the first lease re-reads what this consumer held before a restart
-        # Queue I/O per item of each recent step (microseconds): lease, fail and acknowledge round trips.
+        # Queue I/O per item of each recent acknowledgement (microseconds): the lease, fail and acknowledge round
+        # trips since the one before, over the items it acknowledged.
         self._overhead_us: deque[float] = deque(maxlen=1024)
         self._finished = False
+        self._acked_at = time.monotonic()
+        self._io_sampled = 0.0
 
     # -- for subclasses ----------------------------------------------------------------------------
     def process(self, item: PoolItem) -> None:
@@ -111,13 +119,12 @@ class PoolTask(IterativeTask):
 
     def _step(self) -> None:
         pool = self._connect()
-        io_before = self.io_s
-        self._flush()
         remaining = self.context.remaining_s()
         start = time.perf_counter()
         budget = min(self.max_step_s, _FILL * remaining) if remaining > 0 else 0.0
         if not self._leases:
-            self._lease(pool, budget)
+            self._flush()
+            self._lease(pool)
             if not self._leases:
                 return
         # An item joins the acknowledgement list as soon as process() returned: a later item of the step that
@@ -146,14 +153,13 @@ class PoolTask(IterativeTask):
             self._item_s = max(took, 0.9 * self._item_s)
             if time.perf_counter() + self._item_s > start + budget:
                 break
-        items = len(self._unacked)
-        self._flush()
-        if items:
-            self._overhead_us.append((self.io_s - io_before) * 1e6 / items)
+        if not self._leases or time.monotonic() - self._acked_at >= min(_ACK_EVERY_S, pool.settings()[0] / 4):
+            self._flush()
 
-    def _lease(self, pool: Pool, budget_s: float) -> None:
-        per_step = int(budget_s / self._item_s) if self._item_s > 0 else 1
-        count = max(1, min(self.max_lease, per_step * _LEASE_STEPS if self._item_s > 0 else 1))
+    def _lease(self, pool: Pool) -> None:
+        lease_s, _ = pool.settings()
+        batch_s = min(_BATCH_S, lease_s / 20)  # a batch is done long before its lease runs out
+        count = max(1, min(self.max_lease, int(batch_s / self._item_s) if self._item_s > 0 else 1))
         t0 = time.perf_counter()
         leases = pool.lease(self.consumer, count, own=self._own, host=socket.gethostname(),
                             gpu=str(self.context.gpu), task=self.context.task_id)
@@ -165,7 +171,6 @@ class PoolTask(IterativeTask):
         if pool.finished():
             self._finished = True
             return
-        lease_s, _ = pool.settings()
         raise Unavailable(f"no item of pool {self.pool_url} is free: the rest are in flight on other workers "
                           f"(their leases last {lease_s:g}s)", retry_s=min(self.retry_s, lease_s),
                           max_retry_s=max(lease_s, self.retry_s))
@@ -192,6 +197,10 @@ class PoolTask(IterativeTask):
         newly = pool.ack(self.consumer, self._unacked, busy_s=self._unacked_busy_s, io_s=io_s)
         took = time.perf_counter() - t0
         self.io_s += took
+        self._acked_at = time.monotonic()
+        if self._unacked:
+            self._overhead_us.append((self.io_s - self._io_sampled) * 1e6 / len(self._unacked))
+            self._io_sampled = self.io_s
         self.busy_s += self._unacked_busy_s
         self.items_done += newly
         self._unacked, self._unacked_busy_s, self._unacked_io_s = [], 0.0, took
