@@ -80,17 +80,23 @@ class MatmulTask(IterativeTask):
 
 
 class FilePool(PoolTask):
-    """A pool task for tests and `bench pool`: item i writes `out_dir/i` holding its id, after `work_us` of CPU.
+    """A pool task for tests and `bench pool`: item i writes `out_dir/i` holding its id, after `work_us` of CPU
+    (or, with `cpu=False`, of sleep: a GPU kernel's wait, which leaves the CPU free).
 
     An item whose args say {"poison": true} raises (it ends in the dead letters). Each call to
     process() appends the id to `out_dir/.processed-<consumer>`, so a test can tell how often an item ran.
+    `max_step_ms` (> 0) replaces PoolTask's longest planned step.
     """
 
-    def __init__(self, pool: str, out_dir: str, work_us: float = 0.0, sync: bool = False) -> None:
+    def __init__(self, pool: str, out_dir: str, work_us: float = 0.0, sync: bool = False,
+                 max_step_ms: float = 0.0, cpu: bool = True) -> None:
         super().__init__(pool)
         self.out_dir = Path(out_dir)
         self.work_s = work_us / 1e6
         self.sync = sync
+        self.cpu = cpu
+        if max_step_ms > 0:
+            self.max_step_s = max_step_ms / 1e3
 
     def setup(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,11 +107,14 @@ class FilePool(PoolTask):
         self._journal.write(f"{item.id}\n")
         if item.args.get("poison"):
             raise ValueError(f"item {item.id} is poison")
-        end = time.perf_counter() + self.work_s
-        while time.perf_counter() < end:
-            pass
+        if self.cpu:
+            end = time.perf_counter() + self.work_s
+            while time.perf_counter() < end:
+                pass
+        elif self.work_s > 0:
+            time.sleep(self.work_s)
         out = self.out_dir / item.id
-        tmp = self.out_dir / f".{item.id}.tmp"
+        tmp = self.out_dir / f".{item.id}.{os.getpid()}.tmp"  # a worker that took over the item writes its own
         with open(tmp, "w") as f:
             f.write(item.id)
             if self.sync:

@@ -4,11 +4,13 @@ Each bubble-reporting bench runs both roads in one invocation (`--path both`): g
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from redis_support import need_redis
 
 from freeride.errors import FreerideError
 from freeride.tooling.bench import paths
@@ -73,3 +75,17 @@ def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
 def test_asking_for_shm_where_the_agent_offers_no_ring_fails_instead_of_measuring_grpc() -> None:
     with AgentProcess(extra_args=["--bubble-path", "grpc"]) as agent, pytest.raises(FreerideError, match="--path shm"):
         paths.connect("control", agent.target, "shm")
+
+
+def test_pool_benchmark_drains_the_pool_with_several_agents_and_reports_the_queues_cost() -> None:
+    need_redis()
+    r = bench("pool", "--agents", "2", "--items", "500", "--work-us", "500")
+    assert r["benchmark"] == "pool" and (r["agents"], r["items"], r["work_us"]) == (2, 500, 500.0)
+    assert (r["done"], r["failed"]) == (500, 0)
+    assert [a["gpu"] for a in r["per_agent"]] == [0, 1] and sum(a["items"] for a in r["per_agent"]) == 500
+    for key in ("seconds", "items_per_s", "queue_us_per_item_p50", "queue_us_per_item_p99", "queue_io_s",
+                "harvested_s", "queue_io_share"):
+        assert isinstance(r[key], float) and r[key] > 0, key
+    assert r["queue_us_per_item_p50"] <= r["queue_us_per_item_p99"]
+    assert r["queue_io_share"] == pytest.approx(r["queue_io_s"] / r["harvested_s"], rel=0.05)  # each rounded
+    assert r["cores"] == os.cpu_count() and r["redis_version"].count(".") == 2

@@ -1,4 +1,4 @@
-"""`freeride bench control|harvest`: each prints one JSON object on stdout."""
+"""`freeride bench control|harvest|trainer|overhead|pool`: each prints one JSON object on stdout."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from freeride.tooling.bench import control, harvest, overhead, trainer
+    from freeride.tooling.bench import control, harvest, overhead, pool, trainer
 
     for name, bench, help_text in (
         ("control", control, "control-path latency: hook cost, grant and revoke latency"),
         ("harvest", harvest, "replay a bubble trace against a synthetic task"),
         ("trainer", trainer, "instrumentation overhead on a real CPU pipeline (needs torch)"),
         ("overhead", overhead, "side tasks' cost to a real stage's kernels on one GPU (needs CUDA)"),
+        ("pool", pool, "one work pool drained by several agents: items per second, the queue's cost"),
     ):
         p = sub.add_parser(name, help=help_text)
         bench.add_args(p)

@@ -1,0 +1,147 @@
+"""A pool drained by eight agents loses no item, whatever the node throws at it.
+
+Eight agents on fake GPUs, a synthetic trainer each, FilePool on each, against a real redis-server
+(append-only file, an fsync per write). Mid-run: two agents killed with SIGKILL and one worker of
+a third, one of the killed agents started again on its state dir, Redis shut down and started again;
+plus poison items. At the end every item is counted done once, with one output holding the right
+bytes, or is in the dead letters with its error, and no process is left behind. A smaller test shows the pool
+task waiting without windows while Redis is down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST
+from redis_support import RedisServer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))  # the fault tests' helpers: tagged agents, reaping
+from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, tagged_agent
+
+from freeride.tooling.harness import AgentProcess, WindowCollector
+from freeride.tooling.poolrun import FAKE_GPU, PoolRun, worker_up
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+AGENTS = 8
+ITEMS = 20_000
+POISON = (7, 1_500, 3_003)  # first tried before the faults; their retries come last (a failed item goes to the back)
+LEASE_S = 2.0  # a dead worker's items come back to the others within the test's time
+MAX_TRIES = 3
+WORK_US = 600.0  # per item, so that 20,000 items span the faults (~15 s of work on a 2-core VM) and no more
+# Steps of at most 4 ms: eight workers on two cores stretch a step 2-3 times, and PoolTask's default (up to
+# 20 ms, 0.8 of the window) would then no longer fit the 20 ms bubbles at all.
+MAX_STEP_MS = 4.0
+# A killed worker is back in 50 ms; a SIGKILL counts as one of the task's restarts.
+ARGS = [*FAST, *FAKE_GPU, "--max-restarts", "10"]
+
+
+def _redis_waiting(info: S.TaskInfo) -> bool:
+    return info.reason.startswith("waiting: Redis at ")
+
+
+class Tagged:
+    """Makes the run's agents, each with a tag of its own, and remembers every one (those killed too)."""
+
+    def __init__(self) -> None:
+        self.made: list[TaggedAgent] = []
+
+    def __call__(self, state_dir: Path, gpu: int) -> AgentProcess:
+        agent = tagged_agent(state_dir, gpu, ARGS)
+        self.made.append(agent)
+        return agent
+
+
+@pytest.mark.slow
+def test_killed_agents_a_killed_worker_and_a_redis_restart_lose_no_item(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    agents = Tagged()
+    run = PoolRun(tmp_path, redis_server.url("faults"), AGENTS, work_us=WORK_US, max_step_ms=MAX_STEP_MS,
+                  make_agent=agents)
+    marks = [("start", time.monotonic())]
+    with run:
+        assert run.create(ITEMS, POISON, lease_s=LEASE_S, max_tries=MAX_TRIES) == ITEMS
+        run.start()
+        marks.append(("8 agents up", time.monotonic()))
+        run.wait_pool(lambda s: s.done >= ITEMS // 4, timeout_s=60)
+        marks.append(("25% done", time.monotonic()))
+        # A worker of agent 5 and agents 6 and 7, with SIGKILL; agent 6 starts again on its state dir.
+        worker = run.wait_task(5, lambda t: t.pid != 0).pid
+        os.kill(worker, signal.SIGKILL)
+        run.kill9(6)
+        run.kill9(7)
+        run.restart(6)
+        run.wait_task(5, lambda t: t.restarts >= 1 and t.pid != worker and worker_up(t), timeout_s=30)
+        status = run.pool.status(dead_shown=0)
+        marks.append((f"kills, restarts ({status.done} done)", time.monotonic()))
+        assert status.pending > ITEMS // 4, f"the pool is nearly drained before Redis goes: {status}; raise WORK_US"
+        # Redis goes away: every task waits, saying so, and resumes once it is back.
+        redis_server.stop()
+        for k in sorted(run.alive):
+            run.wait_task(k, _redis_waiting, timeout_s=30)
+        marks.append(("Redis down, all waiting", time.monotonic()))
+        redis_server.start()
+        for k in sorted(run.alive):
+            run.wait_task(k, lambda t: not _redis_waiting(t), timeout_s=60)
+        marks.append(("Redis back, all resumed", time.monotonic()))
+        infos = run.wait_finished(timeout_s=90)
+        marks.append(("all DONE", time.monotonic()))
+    assert {k: S.TaskState.Name(i.state) for k, i in infos.items()} == {k: "TASK_STATE_DONE" for k in infos}
+    assert sorted(run.exit_codes) == [0, 1, 2, 3, 4, 5, 6] and set(run.exit_codes.values()) == {0}
+
+    good = {str(i) for i in range(ITEMS)} - {str(i) for i in POISON}
+    outputs = run.outputs()
+    assert set(outputs) == good  # no item lost, no poison item written
+    assert not [k for k, v in outputs.items() if v != k]  # each output holds its own id
+    processed = run.journal()
+    assert {str(i): processed[str(i)] for i in POISON} == {str(i): MAX_TRIES for i in POISON}
+    status = run.pool.status(dead_shown=100)
+    assert (status.total, status.done, status.failed) == (ITEMS, len(outputs), len(POISON))
+    assert (status.in_flight, status.queued) == (0, 0)
+    assert sorted((d.item.id, d.tries, d.error) for d in status.dead) == sorted(
+        (str(i), MAX_TRIES, f"ValueError: item {i} is poison") for i in POISON)
+    again_done = sum(n - 1 for n in processed.values() if n > 1) - len(POISON) * (MAX_TRIES - 1)
+    print(f"{ITEMS} items, {again_done} processed more than once (taken over from a killed worker or after the "
+          f"Redis restart); " + ", ".join(f"{label} {t - marks[0][1]:.1f}s" for label, t in marks[1:]))
+    for agent in agents.made:  # the killed agents' workers stopped on their own; nothing else outlived its agent
+        assert_all_reaped(agent.tag)
+    for agent in agents.made:
+        assert_no_tracebacks(agent)
+
+
+def test_while_redis_is_down_the_pool_task_waits_without_a_window_and_resumes_after(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    agents = Tagged()
+    run = PoolRun(tmp_path, redis_server.url("down"), 1, work_us=1000.0, max_step_ms=MAX_STEP_MS, make_agent=agents)
+    with run:
+        run.create(1_000)
+        run.start()
+        run.wait_pool(lambda s: s.done >= 100, timeout_s=30)
+        with run.client(0) as client, WindowCollector(client) as windows:
+            before = run.pool.status(dead_shown=0).done
+            redis_server.stop()
+            waiting = run.wait_task(0, _redis_waiting, timeout_s=30)
+            assert "does not answer" in waiting.reason and waiting.state == S.TASK_STATE_READY  # holds no window
+            granted = client.stats().gpu.windows_granted  # the task's last window has an id up to this one
+            # Bubbles go on for 40 more windows (over a second: the task's first retry is due after 1 s)...
+            assert windows.wait_until(lambda ws: sum(w.window_id > granted for w in ws) >= 40, 30)
+            later = [w for w in windows.windows if w.window_id > granted]
+            assert not [w.window_id for w in later if w.shares]  # ...and none is the task's
+            still = client.get(run.task_ids[0])
+            assert _redis_waiting(still) and still.pid == waiting.pid and still.restarts == 0
+            redis_server.start()
+            resumed = run.wait_task(0, lambda t: not _redis_waiting(t), timeout_s=30)
+            assert resumed.state != S.TASK_STATE_FAILED and resumed.pid in (0, waiting.pid)
+        [done] = run.wait_finished(timeout_s=60).values()
+    assert done.state == S.TASK_STATE_DONE and done.restarts == 0 and before < 900
+    status = run.pool.status()
+    assert (status.done, status.failed, status.pending) == (1_000, 0, 0) and len(run.outputs()) == 1_000
+    assert_all_reaped(agents.made[0].tag)
+    assert_no_tracebacks(agents.made[0])
