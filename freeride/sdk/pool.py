@@ -64,6 +64,7 @@ class PoolTask(IterativeTask):
         self._unacked_busy_s = 0.0
         self._unacked_io_s = 0.0
         self._item_s = 0.0  # slowest recent item, decaying: the cost planned for the next one
+        self._recent_item_s: deque[float] = deque(maxlen=64)  # for min_step_s: one slow item must not decide
         self._own = True  # the first lease re-reads what this consumer held before a restart
         # Queue I/O per item of each recent acknowledgement (microseconds): the lease, fail and acknowledge round
         # trips since the one before, over the items it acknowledged.
@@ -151,6 +152,7 @@ class PoolTask(IterativeTask):
                 self._unacked_busy_s += took
                 self._unacked.append(lease)
             self._item_s = max(took, 0.9 * self._item_s)
+            self._recent_item_s.append(took)
             if time.perf_counter() + self._item_s > start + budget:
                 break
         if not self._leases or time.monotonic() - self._acked_at >= min(_ACK_EVERY_S, pool.settings()[0] / 4):
@@ -207,6 +209,16 @@ class PoolTask(IterativeTask):
 
     def is_done(self) -> bool:
         return self._finished
+
+    def min_step_s(self) -> float | None:
+        """A step shrinks to one item: the median of the recent items, with half again for the odd slow one.
+
+        Not the slowest item, nor a round trip to Redis: a value only a step can refresh must not be one
+        outlier, or the task would never be judged to fit a window again.
+        """
+        if not self._recent_item_s:
+            return None
+        return 1.5 * sorted(self._recent_item_s)[len(self._recent_item_s) // 2]
 
     def available(self) -> bool:
         """Redis answers and the pool has a free item again (leased here at once), or it is finished."""

@@ -88,6 +88,17 @@ class IterativeTask(_TaskBase):
         """True when the task has finished its work."""
         return False
 
+    def min_step_s(self) -> float | None:
+        """For a task whose steps fit themselves to the window (as many units as `context.remaining_s()`
+        allows, at least one): how long its smallest step, one unit, takes, in seconds.
+
+        None (the default): freeride judges whether a step fits from the measured step times (a high
+        percentile). A task that sizes its steps must say this instead: its steps grow with the windows
+        it gets, and judged by them it would no longer fit the short bubbles (on a loaded host, not even
+        the long ones) although one unit does.
+        """
+        return None
+
 
 class ImperativeTask(_TaskBase):
     """A task written as a plain loop that calls `self.yield_point()` between pieces of work."""

@@ -87,6 +87,20 @@ class _Gate:
         self._piece_start_ns = 0
         self._progress_at = 0.0
         self.progress: Any = dict
+        self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
+
+    def estimate_ns(self) -> int | None:
+        """What the next step is expected to take: the task's own smallest step if it declares one
+        (IterativeTask.min_step_s), else a high percentile of the measured steps."""
+        try:
+            declared = self.declared_step_s()
+        except Exception:
+            log.exception("min_step_s() raised; judging steps by their measured times")
+            self.declared_step_s = lambda: None
+            declared = None
+        if declared is not None and declared > 0:
+            return int(declared * 1e9)
+        return self.estimator.estimate_ns()
 
     def remaining_s(self) -> float:
         if not self._wid:
@@ -108,7 +122,7 @@ class _Gate:
                 if now >= self._until_ns:
                     self.close(pb.WINDOW_END_REASON_EXPIRED)
                     continue
-                est = self.estimator.estimate_ns()
+                est = self.estimate_ns()
                 if est is not None and now + est > self._until_ns:
                     if not self._stepped and self.estimator.forget_outlier():
                         continue  # granted, yet not one step fit a stale outlier: judge this window again
@@ -214,7 +228,7 @@ class _Gate:
             return
         idle_ns = time.monotonic_ns()
         self._flush_steps()
-        est = self.estimator.estimate_ns() or 0
+        est = self.estimate_ns() or 0
         self._send(
             pb.WorkerMessage(
                 window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est)
@@ -328,6 +342,8 @@ class Worker:
             _runtime=self.gate,
         )
         self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
+        if isinstance(task, IterativeTask):
+            self.gate.declared_step_s = task.min_step_s
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
         try:
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)

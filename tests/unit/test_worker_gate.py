@@ -94,6 +94,23 @@ def test_the_gate_closes_a_window_when_the_next_step_would_not_fit(tmp_path: Pat
     assert not waiter.is_alive()
 
 
+def test_a_task_that_sizes_its_steps_is_judged_by_its_smallest_step(tmp_path: Path) -> None:
+    """min_step_s() replaces the measured steps: a task whose steps filled long windows still gets a short one."""
+    h = Harness(tmp_path)
+    h.gate.declared_step_s = lambda: 0.01  # one unit: 10 ms
+    h.writer.grant(1, time.monotonic_ns() + 10**9)
+    h.gate.acquire()
+    start = time.monotonic_ns()
+    h.gate.step_done(start, start + 2 * 10**9)  # its last step filled a long window: 2 s
+    h.gate.acquire()  # still fits the second left, by its 10 ms unit
+    assert h.done() == [] and h.gate.estimate_ns() == 10**7
+    h.gate.declared_step_s = lambda: None  # no declaration: the measured 2 s decides again
+    waiter = h.acquire_in_background()
+    assert h.window_done.wait(5) and h.done() == [(1, pb.WINDOW_END_REASON_NO_FIT)]
+    h.writer.grant(2, time.monotonic_ns() + 10**9)
+    waiter.join(5)
+
+
 # -- a task that raised Unavailable ----------------------------------------------------------------
 
 

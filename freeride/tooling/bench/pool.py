@@ -49,10 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", choices=["cpu", "sleep"], default="cpu",
                    help="cpu: a busy loop (the agents' workers share the machine's cores); sleep: a GPU kernel's "
                         "wait, which leaves the CPU free")
-    p.add_argument("--max-step-ms", type=float, default=5.0,
-                   help="FilePool's longest planned step (PoolTask's own default is 20 ms: with 20 ms bubbles on a "
-                        "machine where the agents share few cores, such steps stretch past the bubble and the "
-                        "worker stops fitting any)")
+    p.add_argument("--max-step-ms", type=float, default=0.0,
+                   help="FilePool's longest planned step (default 0: PoolTask's own, 20 ms)")
     p.add_argument("--bubble-ms", type=float, default=20.0, help="each rank's bubble")
     p.add_argument("--period-ms", type=float, default=30.0, help="one bubble per this long, per rank")
     p.add_argument("--lease-s", type=float, default=30.0, help="the pool's lease time")
