@@ -216,7 +216,7 @@ class PoolTask(IterativeTask):
         Not the slowest item, nor a round trip to Redis: a value only a step can refresh must not be one
         outlier, or the task would never be judged to fit a window again.
         """
-        if not self._recent_item_s:
+        if len(self._recent_item_s) < 5:  # the first items pay for warm-up: measured steps decide till then
             return None
         return 1.5 * sorted(self._recent_item_s)[len(self._recent_item_s) // 2]
 

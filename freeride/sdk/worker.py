@@ -38,6 +38,7 @@ from freeride.v1 import worker_pb2_grpc
 log = logging.getLogger("freeride.worker")
 
 _REPORT_BATCH = 256
+_PROBE_AFTER_WINDOWS = 8  # a task whose declared smallest step fit none of this many windows steps anyway
 _PROGRESS_EVERY_S = 1.0
 _CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any other
 _MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
@@ -88,19 +89,22 @@ class _Gate:
         self._progress_at = 0.0
         self.progress: Any = dict
         self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
+        self._unfit_windows = 0  # windows in a row in which the declared smallest step did not fit
 
     def estimate_ns(self) -> int | None:
         """What the next step is expected to take: the task's own smallest step if it declares one
         (IterativeTask.min_step_s), else a high percentile of the measured steps."""
+        declared = self._declared_ns()
+        return declared if declared is not None else self.estimator.estimate_ns()
+
+    def _declared_ns(self) -> int | None:
         try:
             declared = self.declared_step_s()
         except Exception:
             log.exception("min_step_s() raised; judging steps by their measured times")
             self.declared_step_s = lambda: None
-            declared = None
-        if declared is not None and declared > 0:
-            return int(declared * 1e9)
-        return self.estimator.estimate_ns()
+            return None
+        return int(declared * 1e9) if declared is not None and declared > 0 else None
 
     def remaining_s(self) -> float:
         if not self._wid:
@@ -122,12 +126,22 @@ class _Gate:
                 if now >= self._until_ns:
                     self.close(pb.WINDOW_END_REASON_EXPIRED)
                     continue
-                est = self.estimate_ns()
+                declared = self._declared_ns()
+                est = declared if declared is not None else self.estimator.estimate_ns()
                 if est is not None and now + est > self._until_ns:
-                    if not self._stepped and self.estimator.forget_outlier():
-                        continue  # granted, yet not one step fit a stale outlier: judge this window again
+                    if not self._stepped:
+                        if declared is None and self.estimator.forget_outlier():
+                            continue  # granted, yet not one step fit a stale outlier: judge this window again
+                        if declared is not None:
+                            # Only a step can refresh what the task declares: after some windows it did
+                            # not fit, one step (which sizes itself to what is left) lets it measure again.
+                            self._unfit_windows += 1
+                            if self._unfit_windows >= _PROBE_AFTER_WINDOWS:
+                                self._unfit_windows = 0
+                                return
                     self.close(pb.WINDOW_END_REASON_NO_FIT)
                     continue
+                self._unfit_windows = 0
                 return
             if word.window_id > self._last_wid:
                 if word.open:

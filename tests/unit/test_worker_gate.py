@@ -14,7 +14,7 @@ import pytest
 from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
 from freeride.sdk._estimate import StepEstimator
-from freeride.sdk.worker import _MIN_RETRY_S, _Gate, _gpu_index, _Shared, backoff_delays
+from freeride.sdk.worker import _MIN_RETRY_S, _PROBE_AFTER_WINDOWS, _Gate, _gpu_index, _Shared, backoff_delays
 from freeride.v1 import worker_pb2 as pb
 
 
@@ -109,6 +109,22 @@ def test_a_task_that_sizes_its_steps_is_judged_by_its_smallest_step(tmp_path: Pa
     assert h.window_done.wait(5) and h.done() == [(1, pb.WINDOW_END_REASON_NO_FIT)]
     h.writer.grant(2, time.monotonic_ns() + 10**9)
     waiter.join(5)
+
+
+def test_a_declared_smallest_step_that_fits_no_window_gets_a_probe_step_now_and_then(tmp_path: Path) -> None:
+    """Only a step refreshes what a task declares: one slow first unit must not shut it out for good."""
+    h = Harness(tmp_path)
+    h.gate.declared_step_s = lambda: 5.0  # declared 5 s: fits no 1 s window
+    waiter = h.acquire_in_background()
+    for wid in range(1, _PROBE_AFTER_WINDOWS):
+        h.window_done.clear()
+        h.writer.grant(wid, time.monotonic_ns() + 10**9)
+        assert h.window_done.wait(5)
+        assert h.done()[-1] == (wid, pb.WINDOW_END_REASON_NO_FIT)
+        assert waiter.is_alive()
+    h.writer.grant(_PROBE_AFTER_WINDOWS, time.monotonic_ns() + 10**9)
+    waiter.join(5)
+    assert not waiter.is_alive()  # the probe: a step may run in this window
 
 
 # -- a task that raised Unavailable ----------------------------------------------------------------
