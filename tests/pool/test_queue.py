@@ -98,3 +98,18 @@ def test_no_message_about_a_url_shows_its_password() -> None:
     url = parse_pool_url("rediss://u:s3cret@h:6380/2/x?password=s3cret&ssl_cert_reqs=none")
     assert "s3cret" not in str(url) and "s3cret" not in url.safe_redis_url and "s3cret" in url.redis_url
     assert mask("unix://:s3cret@/run/redis.sock/x") == "unix://:***@/run/redis.sock/x"
+
+
+def test_an_item_whose_workers_keep_dying_becomes_a_dead_letter(redis_server: RedisServer) -> None:
+    """A poison item that kills its worker (a segfault, not an exception) must not circulate for ever."""
+    pool = Pool(parse_pool_url(redis_server.url("crash")))
+    pool.create([PoolItem("killer")], lease_s=0.05, max_tries=3)
+    assert [x.item.id for x in pool.lease("w1", 1)] == ["killer"]
+    for worker in ("w2", "w3"):
+        time.sleep(0.1)  # the time under test: the dead worker's lease (50 ms) runs out
+        assert [x.item.id for x in pool.lease(worker, 1)] == ["killer"]  # taken over from the dead one
+    time.sleep(0.1)
+    assert pool.lease("w4", 1) == []  # three leases died with their workers: it is not handed out again
+    s = pool.status()
+    assert (s.failed, s.pending) == (1, 0) and pool.finished()
+    assert s.dead[0].item.id == "killer" and "died or stalled while holding it" in s.dead[0].error
