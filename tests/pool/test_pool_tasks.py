@@ -12,21 +12,19 @@ import math
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import BackgroundTrainer
 from PIL import Image, ImageOps, UnidentifiedImageError
 from redis_support import RedisServer
 from skimage.feature import hog
 
 from freeride import PoolItem, PoolTask, TaskContext
 from freeride.pool import Pool, parse_lines, parse_pool_url
-from freeride.tooling.harness import AgentProcess, replay, wait_for_task
-from freeride.tooling.trace import Segment
-from freeride.trainer.reporter import BubbleReporter
+from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 from sidetasks.features import ImageFeaturesPool, near_duplicates
 from sidetasks.images import PHOTOS, ThumbnailPool, main, photo_dir
@@ -232,30 +230,6 @@ def test_bad_items_end_in_the_dead_letters_with_their_error_and_the_rest_are_don
     assert list(files(tmp_path / "out")) == ["moon.png.png"]
 
 
-class Bubbles:
-    """A synthetic trainer rank reporting the same iteration (compute, then one bubble) until closed."""
-
-    def __init__(self, agent: AgentProcess, bubble_ms: float, compute_ms: float = 2.0) -> None:
-        self._iteration = [[Segment(compute_ms / 1e3, False), Segment(bubble_ms / 1e3, True, 0)]]
-        self._reporter = BubbleReporter(agent.target, rank=0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            replay(self._reporter, self._iteration)
-
-    def __enter__(self) -> Bubbles:
-        assert self._reporter.wait_connected(10), "reporter did not connect"
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._reporter.close()
-
-
 @pytest.fixture
 def photos_pool(redis_server: RedisServer) -> Iterator[str]:
     """A pool of the bundled photographs, its items as `python -m sidetasks.images list` prints them."""
@@ -281,7 +255,7 @@ def test_a_pool_task_in_a_real_agent_processes_every_item_once(
         task = client.submit(S.TaskSpec(ref=ref, args=spec_args))
         # Bubbles far above an item (5-20 ms, 50 ms under load): a step stretched past every bubble would raise
         # the worker's step estimate above them, and the task would wait for a longer one.
-        with Bubbles(agent, bubble_ms=150.0):
+        with BackgroundTrainer(agent, [150.0]):
             done = wait_for_task(client, task.id, [S.TASK_STATE_DONE], timeout_s=90)
     assert done.progress["items"] == len(PHOTOS) and done.progress["failed"] == 0
     assert sorted(files(out)) == sorted(f"{name}{suffix}" for name in PHOTOS)  # each once, no temporary file left
