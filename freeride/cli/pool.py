@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from rich.console import Console
 from rich.table import Table
 
 from freeride.cli.common import UsageError, print_json
+from freeride.core.secrets import scrub, secrets_in
 from freeride.core.units import format_seconds
 from freeride.errors import FreerideError, PoolError
 
@@ -97,34 +97,9 @@ def _count(text: str) -> int:
 
 
 # -- the pool, its errors, and never a password ---------------------------------------------------
-def _secrets(text: str) -> list[str]:
-    """What in a URL as typed must never be printed: its credentials and any ?password=, raw and decoded.
-
-    Read loosely on purpose (everything between "://" and the last "@" of the authority), so that a
-    URL that does not parse is masked too."""
-    rest = text.strip().partition("://")[2]
-    authority = rest.split("?", 1)[0]
-    userinfo = authority.rpartition("@")[0]
-    user, colon, password = userinfo.partition(":")
-    found = [password if colon else user]  # USER:PASSWORD, or a bare word that may be a password
-    try:
-        query = urlsplit(text.strip()).query
-    except ValueError:
-        query = text.partition("?")[2]
-    found += [value for key, value in parse_qsl(query) if key.lower() == "password"]
-    found += [unquote(s) for s in found]
-    return sorted({s for s in found if s}, key=len, reverse=True)
-
-
-def _scrub(message: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        message = message.replace(secret, "***")
-    return message
-
-
 def _reason(exc: BaseException, secrets: list[str]) -> str:
     text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
-    return _scrub(text, secrets)
+    return scrub(text, secrets)
 
 
 @contextmanager
@@ -134,15 +109,15 @@ def _open(text: str) -> Iterator[Pool]:
 
     from freeride.pool import Pool, parse_pool_url
 
-    secrets = _secrets(text)
+    secrets = secrets_in(text)
     where = "Redis"
     try:
         url = parse_pool_url(text)
-        where = f"Redis at {_scrub(url.safe_redis_url, secrets)}"
+        where = f"Redis at {url.safe_redis_url}"
         with Pool(url) as pool:
             yield pool
     except FreerideError as exc:
-        raise PoolError(_scrub(str(exc), secrets)) from None
+        raise PoolError(scrub(str(exc), secrets)) from None
     except redis.AuthenticationError as exc:
         if secrets:
             raise PoolError(f"{where} refused the credentials in the URL ({_reason(exc, secrets)}): "
@@ -194,7 +169,7 @@ def cmd_create(ns: argparse.Namespace) -> int:
             lease_s = old_lease_s if lease_s is None else lease_s
             max_tries = old_max_tries if max_tries is None else max_tries
         added = pool.create(items, lease_s=lease_s, max_tries=max_tries)
-        status = pool.status(dead_shown=1)
+        status = pool.status(dead_shown=0)
     if ns.json:
         print_json({"pool": status.url, "added": added, "given": len(items), "total": status.total,
                     "lease_s": status.lease_s, "max_tries": status.max_tries})
@@ -246,12 +221,9 @@ def _last_line(error: str) -> str:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     with _open(ns.url) as pool:
-        status = pool.status(dead_shown=max(1, ns.dead))  # Redis's XRANGE takes no COUNT 0
-    shown = status.dead[:ns.dead]
+        status = pool.status(dead_shown=ns.dead)
     if ns.json:
-        out = status_dict(status)
-        out["dead"] = out["dead"][:ns.dead]
-        print_json(out)
+        print_json(status_dict(status))
         return 0
     console = _console()
     s = status
@@ -274,11 +246,11 @@ def cmd_status(ns: argparse.Namespace) -> int:
     elif s.pending:
         console.print(f"no consumer yet: submit a PoolTask with pool={s.url} (`freeride submit --all …`)",
                       soft_wrap=True)
-    if shown:
-        dt = Table(title=f"dead letters: first {len(shown)} of {s.failed}")
+    if s.dead:
+        dt = Table(title=f"dead letters: first {len(s.dead)} of {s.failed}")
         for col in ("item", "tries", "last error"):
             dt.add_column(col, justify="right" if col == "tries" else "left")
-        for d in shown:
+        for d in s.dead:
             dt.add_row(d.item.id, str(d.tries), _last_line(d.error))
         console.print(dt)
         console.print(f"`freeride pool retry-failed {s.url}` queues them again", soft_wrap=True)
@@ -299,7 +271,7 @@ def cmd_retry_failed(ns: argparse.Namespace) -> int:
 
 def cmd_delete(ns: argparse.Namespace) -> int:
     with _open(ns.url) as pool:
-        s = pool.status(dead_shown=1)
+        s = pool.status(dead_shown=0)
         if s.pending and not ns.force:
             raise UsageError(f"pool {s.url} still has {_items(s.pending)} pending ({s.queued} queued, {s.in_flight} in "
                     "flight): wait until `freeride pool status` shows none, or pass --force to delete it anyway")
