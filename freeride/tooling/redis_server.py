@@ -64,10 +64,6 @@ class RedisServer:
             time.sleep(delay)
             delay = min(0.1, delay * 2)
 
-    def version(self) -> str:
-        with self.client() as c:
-            return str(c.info("server")["redis_version"])
-
     def stop(self) -> None:
         """SHUTDOWN: the append-only file is complete, the socket removed."""
         if self.proc is None or self.proc.poll() is not None:

@@ -69,24 +69,20 @@ def _pool_url(redis_url: str, name: str) -> str:
     return url
 
 
-def _redis_version(url: str) -> str:
+def _redis_info(url: str, section: str) -> dict[str, Any]:
+    """One section of the Redis server's INFO."""
     import redis
 
     from freeride.pool import parse_pool_url
 
     with redis.Redis.from_url(parse_pool_url(url).redis_url, socket_timeout=5.0) as r:
-        return str(r.info("server")["redis_version"])
+        return dict(r.info(section))
 
 
 def _redis_cpu_s(url: str) -> float:
     """CPU seconds the Redis server has used since it started (every client's work, not only this pool's)."""
-    import redis
-
-    from freeride.pool import parse_pool_url
-
-    with redis.Redis.from_url(parse_pool_url(url).redis_url, socket_timeout=5.0) as r:
-        cpu = r.info("cpu")
-        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    cpu = _redis_info(url, "cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -154,7 +150,7 @@ def _run(ns: argparse.Namespace, root: Path, url: str, redis_kind: str) -> dict[
         "cores": os.cpu_count(),
         "machine": platform.machine(),
         "redis": redis_kind,
-        "redis_version": _redis_version(url),
+        "redis_version": str(_redis_info(url, "server")["redis_version"]),
     }
 
 
