@@ -25,15 +25,13 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
 from skimage.feature import hog
 
-from freeride import PoolItem, PoolTask
-from sidetasks.files import check_src_dir, cli_parser, print_items, publish, under
-from sidetasks.images import PHOTOS, photo_dir, read_rgb
+from sidetasks.files import cli_parser, print_items
+from sidetasks.images import PHOTOS, ImageDirPool
 
 _HUES, _SATURATIONS, _VALUES = 8, 4, 4
 DEFAULT_MIN_SIMILARITY = 0.7
@@ -65,42 +63,26 @@ def npy_bytes(vector: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-class ImageFeaturesPool(PoolTask):
+class ImageFeaturesPool(ImageDirPool):
     """HOG and colour descriptors of the images a pool names: item id `a/b.jpg` is `src_dir/a/b.jpg`, its
     descriptor `out_dir/a/b.jpg.npy`. Bad ids, missing or undecodable files fail the item with that message.
 
     An item costs 4-15 ms for the bundled photographs on a 2-core VM, decoding the file most of it (see
     ThumbnailPool for larger images); the descriptor itself, at side 64, about 2 ms."""
 
-    # Measured peak resident set of the worker: 70 MiB on the bundled photos; as ThumbnailPool's, it grows by
-    # ~4 bytes a pixel of the largest image. 512 MiB holds ~100-megapixel images.
-    mem_limit_bytes = 512 * 2**20
+    suffix = ".npy"
 
     def __init__(self, pool: str, out_dir: str, src_dir: str = "", side: int = 64) -> None:
-        super().__init__(pool)
-        if not out_dir:
-            raise ValueError("pass out_dir=DIR: where the descriptors go (shared by every agent on the pool)")
+        super().__init__(pool, out_dir, src_dir, side, "descriptors")
         if side < 16 or side % 8:
             raise ValueError(f"need side >= 16 and a multiple of 8 (the HOG cell), got {side}")
-        self.src_dir = Path(src_dir) if src_dir else photo_dir()
-        self.out_dir, self.side = Path(out_dir), side
+        self.side = side
 
-    @classmethod
-    def check_args(cls, **kwargs: Any) -> None:
-        check_src_dir(kwargs)
-        super().check_args(**kwargs)
+    def warm_up(self) -> None:
+        describe(Image.new("RGB", (2 * self.side, self.side)), self.side)  # imports, resampler
 
-    def setup(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        describe(Image.new("RGB", (2 * self.side, self.side)), self.side)  # warm-up: imports, resampler
-
-    def output_path(self, item_id: str) -> Path:
-        return under(self.out_dir, item_id, ".npy")
-
-    def process(self, item: PoolItem) -> None:
-        out = self.output_path(item.id)
-        img = read_rgb(under(self.src_dir, item.id), self.side)
-        publish(out, npy_bytes(describe(img, self.side)))
+    def encode(self, img: Image.Image) -> bytes:
+        return npy_bytes(describe(img, self.side))
 
 
 def load_features(out_dir: Path) -> tuple[list[str], np.ndarray]:

@@ -255,7 +255,52 @@ class Thumbnails(IterativeTask):
         self.done = int(state["done"])
 
 
-class ThumbnailPool(PoolTask):
+class ImageDirPool(PoolTask):
+    """A pool over the images under `src_dir` (default: the bundled photographs): item id `a/b.jpg` is
+    `src_dir/a/b.jpg`, decoded with its longest side near `decode_px`; its output, `encode()` of that
+    image, is published atomically at `out_dir/a/b.jpg<suffix>`. A bad id, a missing or undecodable
+    file fails the item with that message. Subclasses set `suffix` and define `encode` (and `warm_up`).
+    """
+
+    suffix = ""
+    # Measured peak resident set of the worker: 70 MiB on the bundled photos; each image is decoded
+    # once, at ~4 bytes a pixel (a 24-megapixel PNG: +90 MiB). 512 MiB holds ~100-megapixel images.
+    mem_limit_bytes = 512 * 2**20
+
+    def __init__(self, pool: str, out_dir: str, src_dir: str, decode_px: int, what: str) -> None:
+        super().__init__(pool)
+        if not out_dir:
+            raise ValueError(f"pass out_dir=DIR: where the {what} go (shared by every agent on the pool)")
+        self.src_dir = Path(src_dir) if src_dir else photo_dir()
+        self.out_dir = Path(out_dir)
+        self.decode_px = decode_px
+
+    @classmethod
+    def check_args(cls, **kwargs: Any) -> None:
+        check_src_dir(kwargs)
+        super().check_args(**kwargs)
+
+    def setup(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Run the work once on a blank image (imports, resampler, encoder): a slow first item would set
+        the task's estimate."""
+
+    def encode(self, img: Image.Image) -> bytes:
+        """The output's bytes for the decoded image."""
+        raise NotImplementedError
+
+    def output_path(self, item_id: str) -> Path:
+        return under(self.out_dir, item_id, self.suffix)
+
+    def process(self, item: PoolItem) -> None:
+        out = self.output_path(item.id)
+        publish(out, self.encode(read_rgb(under(self.src_dir, item.id), self.decode_px)))
+
+
+class ThumbnailPool(ImageDirPool):
     """Thumbnails of the images a pool names: item id `a/b.jpg` is `src_dir/a/b.jpg`, its thumbnail
     `out_dir/a/b.jpg.png` (longest side `size` px, `watermark` bottom right unless empty).
 
@@ -271,40 +316,24 @@ class ThumbnailPool(PoolTask):
     than a bubble is only processed in longer bubbles.
     """
 
-    # Measured peak resident set of the worker: 70 MiB on the bundled photos; each image is decoded
-    # once, at ~4 bytes a pixel (a 24-megapixel PNG: +90 MiB). 512 MiB holds ~100-megapixel images.
-    mem_limit_bytes = 512 * 2**20
+    suffix = ".png"
 
     def __init__(self, pool: str, out_dir: str, src_dir: str = "", size: int = 128, watermark: str = "") -> None:
-        super().__init__(pool)
-        if not out_dir:
-            raise ValueError("pass out_dir=DIR: where the thumbnails go (shared by every agent on the pool)")
+        super().__init__(pool, out_dir, src_dir, size, "thumbnails")
         if size < 8:
             raise ValueError(f"need size >= 8, got {size}")
-        self.src_dir = Path(src_dir) if src_dir else photo_dir()
-        self.out_dir, self.size, self.watermark = Path(out_dir), size, watermark
+        self.size, self.watermark = size, watermark
         self.mark = Watermark(size) if watermark else None
 
-    @classmethod
-    def check_args(cls, **kwargs: Any) -> None:
-        check_src_dir(kwargs)
-        super().check_args(**kwargs)
-
-    def setup(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.render(Image.new("RGB", (3 * self.size, 2 * self.size)))  # warm-up: resampler, font, encoder
+    def warm_up(self) -> None:
+        self.render(Image.new("RGB", (3 * self.size, 2 * self.size)))  # resampler, font, encoder
 
     def render(self, img: Image.Image) -> bytes:
         """PNG bytes of `img`'s thumbnail."""
         thumb = fit(img, self.size)
         return png_bytes(self.mark.apply(thumb, self.watermark) if self.mark else thumb)
 
-    def output_path(self, item_id: str) -> Path:
-        return under(self.out_dir, item_id, ".png")
-
-    def process(self, item: PoolItem) -> None:
-        out = self.output_path(item.id)
-        publish(out, self.render(read_rgb(under(self.src_dir, item.id), self.size)))
+    encode = render
 
 
 def main(argv: list[str] | None = None) -> int:
