@@ -34,7 +34,7 @@ from freeride.pool.url import PoolUrl
 GROUP = "workers"
 DEFAULT_LEASE_S = 30.0
 DEFAULT_MAX_TRIES = 3
-_ENQUEUE_BATCH = 1000
+_BATCH = 1000  # items per script call: Lua's unpack() takes a few thousand at most
 _RECENT_S = 60.0  # consumers heard from within this long count towards the pool's rate
 
 # KEYS: items, ids, meta. ARGV: id1, args1, id2, args2, ...  -> number added
@@ -257,8 +257,11 @@ class PoolStatus:
 
     @property
     def eta_s(self) -> float | None:
+        """Seconds until every item is done at the recent rate: 0 when none is pending, None with no rate."""
+        if not self.pending:
+            return 0.0
         rate = self.items_per_s
-        return self.pending / rate if rate > 0 and self.pending else (0.0 if not self.pending else None)
+        return self.pending / rate if rate > 0 else None
 
 
 def _text(value: Any) -> str:
@@ -318,7 +321,7 @@ class Pool:
         self._r.hsetnx(self.k_meta, "total", 0)
         self._settings = None
         added = 0
-        for batch in _batches(items, _ENQUEUE_BATCH):
+        for batch in _batches(items, _BATCH):
             argv: list[str] = []
             for item in batch:
                 argv += [item.id, json.dumps(dict(item.args), sort_keys=True)]
@@ -375,9 +378,9 @@ class Pool:
         self.require()
         moved = 0
         while True:
-            n = int(self._retry(keys=[self.k_items, self.k_meta, self.k_dead], args=[_ENQUEUE_BATCH]))
+            n = int(self._retry(keys=[self.k_items, self.k_meta, self.k_dead], args=[_BATCH]))
             moved += n
-            if n < _ENQUEUE_BATCH:
+            if n < _BATCH:
                 return moved
 
     def delete(self) -> None:
@@ -407,10 +410,10 @@ class Pool:
         """The items' outputs are durable: take them out of the pool. Returns how many were newly done."""
         entries = [lease.entry for lease in leases]
         done = 0
-        for start in range(0, max(1, len(entries)), _ENQUEUE_BATCH):  # Lua's unpack() takes a few thousand at most
+        for start in range(0, max(1, len(entries)), _BATCH):
             done += int(self._ack(keys=[self.k_items, self.k_meta, self._consumer_prefix + consumer],
                                   args=[f"{time.time():.3f}", repr(busy_s if start == 0 else 0.0),
-                                        repr(io_s if start == 0 else 0.0), *entries[start:start + _ENQUEUE_BATCH]]))
+                                        repr(io_s if start == 0 else 0.0), *entries[start:start + _BATCH]]))
         return done
 
     def fail(self, consumer: str, lease: Lease, error: str) -> bool:

@@ -163,12 +163,9 @@ class PoolTask(IterativeTask):
         batch_s = min(_BATCH_S, lease_s / 20)  # a batch is done long before its lease runs out
         count = max(1, min(self.max_lease, int(batch_s / self._item_s) if self._item_s > 0 else 1))
         t0 = time.perf_counter()
-        leases = pool.lease(self.consumer, count, own=self._own, host=socket.gethostname(),
-                            gpu=str(self.context.gpu), task=self.context.task_id)
-        self._own = False
+        leased = self._take(pool, count)
         self._io(time.perf_counter() - t0)
-        self._leases.extend(leases)
-        if leases:
+        if leased:
             return
         if pool.finished():
             self._finished = True
@@ -176,6 +173,15 @@ class PoolTask(IterativeTask):
         raise Unavailable(f"no item of pool {self.pool_url} is free: the rest are in flight on other workers "
                           f"(their leases last {lease_s:g}s)", retry_s=min(self.retry_s, lease_s),
                           max_retry_s=max(lease_s, self.retry_s))
+
+    def _take(self, pool: Pool, count: int) -> int:
+        """Lease up to `count` items into the local queue (first, everything this consumer held before a
+        restart); how many came."""
+        leases = pool.lease(self.consumer, count, own=self._own, host=socket.gethostname(),
+                            gpu=str(self.context.gpu), task=self.context.task_id)
+        self._own = False
+        self._leases.extend(leases)
+        return len(leases)
 
     def _failed(self, pool: Pool, lease: Lease, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
@@ -230,9 +236,7 @@ class PoolTask(IterativeTask):
         self._flush()
         if self._leases:
             return True
-        self._leases.extend(pool.lease(self.consumer, 1, own=self._own, host=socket.gethostname(),
-                                       gpu=str(self.context.gpu), task=self.context.task_id))
-        self._own = False
+        self._take(pool, 1)
         if not self._leases and pool.finished():
             self._finished = True
         return bool(self._leases) or self._finished
