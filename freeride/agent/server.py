@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -55,13 +56,18 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
 
 
 def _claim_socket(path: Path, gid: int | None = None) -> None:
+    """Make `path` free for this agent's socket. Only a stale socket (nobody listens: its agent died) is
+    removed; anything else there is the user's and is left as it is (ConfigError)."""
     created = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if created and gid is not None:  # the group must be able to reach the socket, not list the directory
         os.chown(path.parent, -1, gid)
         os.chmod(path.parent, 0o710)
-    if not path.exists():
+    if not os.path.lexists(path):
         return
+    what = _what_is_at(path)
+    if what:
+        raise ConfigError(f"--socket {path} is {what}, not a socket; move it away or pass another --socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))
@@ -71,6 +77,20 @@ def _claim_socket(path: Path, gid: int | None = None) -> None:
     finally:
         probe.close()
     raise ConfigError(f"another agent is listening on {path}; stop it or pass another --socket")
+
+
+def _what_is_at(path: Path) -> str:
+    """"" for a socket (or a symlink to one), else what the path holds, in words."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a symlink to nothing"
+    if stat.S_ISSOCK(mode):
+        return ""
+    kinds = {stat.S_ISREG: "a regular file", stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a fifo",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    what = next((name for test, name in kinds.items() if test(mode)), "something else")
+    return f"a symlink to {what}" if path.is_symlink() else what
 
 
 def _socket_gid(config: AgentConfig) -> int | None:
