@@ -28,6 +28,9 @@ class AgentConfig:
     checkpoint_interval_s: float = 60.0
     hang_timeout_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
+    # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
+    checkpoint_timeout_s: float = 300.0
     memory_check_s: float = 0.25  # how often worker memory is checked against its cap
     log_format: str = "text"
     # GPU layer (freeride.gpu): see docs/gpu.md
@@ -81,6 +84,8 @@ class AgentConfig:
             raise ConfigError(f"--bubble-path must be auto or grpc, got {self.bubble_path!r}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
+        if self.checkpoint_timeout_s <= 0:
+            raise ConfigError(f"--checkpoint-timeout-s must be > 0, got {self.checkpoint_timeout_s}")
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

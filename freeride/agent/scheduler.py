@@ -53,6 +53,7 @@ class TaskSlot:
     window_id: int = 0  # the window this task holds, 0 when idle
     hang_timer: TimerHandle | None = None
     unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
+    stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
 
 
 @dataclass
@@ -212,7 +213,7 @@ class Scheduler:
     def _candidates(self) -> list[Candidate]:
         return [
             Candidate(t.task_id, t.priority, t.counters.harvested_ns, t.step_estimate_ns, t.window_id == 0)
-            for t in self.tasks.values()
+            for t in self.tasks.values() if not t.stopping
         ]
 
     def _dispatch(self, w: Window) -> None:
@@ -283,6 +284,17 @@ class Scheduler:
         w = self._current
         if w is not None and w.open and not w.holder:
             self._dispatch(w)
+
+    def stop_granting(self, task_id: str) -> None:
+        """The task's worker was asked to checkpoint and exit (pause, cancel, shutdown): no new window for it.
+
+        A window it holds ends as usual (its step in progress stays under the hang timer until the worker
+        says WindowDone); what follows, state_dict() and the write, is no step: a window granted then would
+        be one it cannot answer, and its hang timer would kill the checkpoint.
+        """
+        task = self.tasks.get(task_id)
+        if task is not None:
+            task.stopping = True
 
     def remove_task(self, task_id: str) -> None:
         """The task's worker is gone: release whatever window it held."""

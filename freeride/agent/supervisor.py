@@ -65,6 +65,7 @@ class Supervisor:
         self._call_later: CallLater = call_later or asyncio.get_running_loop().call_later
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart
+        self._stop_deadlines: dict[str, TimerHandle] = {}  # task id -> when its asked-for checkpoint is overdue
         self._watchdog: TimerHandle | None = None
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
@@ -165,6 +166,7 @@ class Supervisor:
         if not self._table.worker_exited(worker):  # one removal: its runtime, reservation and sample go
             return
         self._scheduler.remove_task(worker.task_id)
+        self._cancel_stop_deadline(worker.task_id)
         rec = self._table.records[worker.task_id]
         log.info("task %s: %s", rec.id, describe_exit(code))
         if self._table.waiting_count() and self._admission_pass is None:
@@ -219,8 +221,33 @@ class Supervisor:
 
     def _stop(self, rt: TaskRuntime, worker: Worker, desired: TaskState) -> None:
         rt.desired = desired
+        self._scheduler.stop_granting(worker.task_id)  # what follows its step is a checkpoint, not a step
         if not self._send(rt, _CONTROL[desired]):
             worker.kill(f"{desired.value.lower()} before it attached")
+            return
+        if worker.task_id not in self._stop_deadlines:
+            timeout_s = self._cfg.checkpoint_timeout_s
+            self._stop_deadlines[worker.task_id] = self._call_later(
+                timeout_s, lambda: self._checkpoint_overdue(worker, desired, timeout_s))
+
+    def _checkpoint_overdue(self, worker: Worker, desired: TaskState, timeout_s: float) -> None:
+        """A worker asked to stop has not exited within --checkpoint-timeout-s: kill it, and say so in its reason."""
+        self._stop_deadlines.pop(worker.task_id, None)
+        if self._table.worker(worker.task_id) is not worker:
+            return
+        rec = self._table.records[worker.task_id]
+        verb = "pause" if desired is TaskState.PAUSED else "cancel"
+        why = (f"its checkpoint after {verb} did not finish within {timeout_s:g}s (--checkpoint-timeout-s); "
+               "its worker was killed, its previous checkpoint is kept")
+        log.warning("task %s: %s", rec.id, why)
+        worker.kill(why)
+        if rec.state is desired:
+            self._table.set_reason(rec, f"{rec.reason}; {why}" if rec.reason else why)
+
+    def _cancel_stop_deadline(self, task_id: str) -> None:
+        timer = self._stop_deadlines.pop(task_id, None)
+        if timer is not None:
+            timer.cancel()
 
     @staticmethod
     def _send(rt: TaskRuntime, control: Control) -> bool:
@@ -245,19 +272,25 @@ class Supervisor:
                 timer.cancel()
         await self.settle()  # (a spawn takes milliseconds)
         for rt in list(self._table.live.values()):
-            if rt.worker is not None and not self._send(rt, Control.PAUSE):
+            if rt.worker is None:
+                continue
+            self._scheduler.stop_granting(rt.worker.task_id)
+            if not self._send(rt, Control.PAUSE):
                 rt.worker.kill("agent shutting down")
         exits = {asyncio.ensure_future(w.exited.wait()) for w in self._table.workers()}
+        grace_s = min(self._cfg.shutdown_grace_s, self._cfg.checkpoint_timeout_s)
         try:
             if exits:
-                _, late = await asyncio.wait(exits, timeout=self._cfg.shutdown_grace_s)
+                _, late = await asyncio.wait(exits, timeout=grace_s)
                 if late:
                     for w in self._table.workers():
-                        w.kill("did not stop within the shutdown grace period")
+                        w.kill(f"its checkpoint did not finish within the shutdown grace period ({grace_s:g}s)")
                     await asyncio.wait(late, timeout=5)
         finally:
             for f in exits:
                 f.cancel()
+            for task_id in list(self._stop_deadlines):
+                self._cancel_stop_deadline(task_id)
         await self._launcher.settle()
 
     # -- the memory watchdog ---------------------------------------------------------------------
@@ -355,7 +388,11 @@ class Supervisor:
             self._on_waiting(rec, worker, msg)
 
     def _schedule(self, rec: TaskRecord, worker: Worker) -> None:
-        """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back."""
+        """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back
+        (not once it was asked to stop: the agent shutting down, or the task paused or cancelled)."""
+        rt = self._table.live.get(rec.id)
+        if self.stopping or rt is None or rt.desired is not None:
+            return
         self._scheduler.add_task(TaskSlot(
             task_id=rec.id, priority=rec.spec.priority, port=worker.window, counters=rec.counters,
             step_estimate_ns=rec.step_estimate_ns or None,

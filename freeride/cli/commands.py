@@ -41,6 +41,9 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help=f"kill a step this long after its window closed (default {d.hang_timeout_s})")
     p.add_argument("--shutdown-grace-s", type=float,
                    help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
+    p.add_argument("--checkpoint-timeout-s", type=float,
+                   help="time a paused or cancelled task's worker gets to finish its step and checkpoint before "
+                        f"it is killed (default {d.checkpoint_timeout_s:g}; env FREERIDE_CHECKPOINT_TIMEOUT_S)")
     p.add_argument("--memory-check-s", type=float,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")

@@ -165,6 +165,12 @@ class _Gate:
         """Raise TaskStop (closing any window held) on pause, cancel or a lost agent."""
         s = self._s
         if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
+            if not self._wid and self.window is not None:
+                word = self.window.read()
+                if word.window_id > self._last_wid:
+                    # Granted while this worker was idle, and not looked at yet: give it back before the
+                    # checkpoint, or the agent would hold it busy and its hang timer would kill the checkpoint.
+                    self._wid = word.window_id
             self.close(pb.WINDOW_END_REASON_STOPPING)
             raise TaskStop
 

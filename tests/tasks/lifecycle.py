@@ -1,0 +1,52 @@
+"""Side tasks whose checkpoints are slow or fail, or that break their worker's plumbing (loaded by file reference).
+
+The lifecycle tests (tests/faults/test_task_lifecycle.py, tests/unit/test_worker_lifecycle.py) use them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from behaviours import Counter  # beside this file: task files import their neighbours
+
+
+class SlowCheckpoint(Counter):
+    """A Counter whose state_dict() takes `checkpoint_s` (a large state being gathered and pickled)."""
+
+    def __init__(self, checkpoint_s: float = 3.0, step_ms: float = 1.0) -> None:
+        super().__init__(step_ms)
+        self.checkpoint_s = checkpoint_s
+
+    def state_dict(self) -> Mapping[str, Any]:
+        time.sleep(self.checkpoint_s)
+        return super().state_dict()
+
+
+class BadStateDict(Counter):
+    """state_dict() raises."""
+
+    def state_dict(self) -> Mapping[str, Any]:
+        raise RuntimeError("cannot gather the state")
+
+
+class BadLoad(Counter):
+    """load_state_dict() raises (its checkpoint is written fine)."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        raise KeyError("weights")
+
+
+class ClosesFds(Counter):
+    """Closes every file descriptor from 3 up in step `at` (a sloppy daemonising helper would)."""
+
+    def __init__(self, at: int = 3) -> None:
+        super().__init__(1.0)
+        self.at = at
+
+    def step(self) -> None:
+        super().step()
+        if self.count == self.at:
+            os.closerange(3, 1024)

@@ -1,0 +1,107 @@
+"""Specification of a task's stop and its checkpoint: no window while it checkpoints, a deadline of its own,
+and reasons and counts that say what happened (in-process, as tests/unit/test_supervisor.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from engine_fakes import Rig, in_loop
+from test_supervisor import STOPS, bubble, grants, ready_task
+
+from freeride.agent.events import Control, Ready, WindowDone
+from freeride.agent.model import TaskState
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+def attach(rig: Rig, task_id: str, instance: int) -> asyncio.Queue[Control | None]:
+    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
+    rig.sup.attach(task_id, instance, outbox)
+    return outbox
+
+
+# -- bug 3: a checkpoint asked for by pause, cancel or shutdown is no step -------------------------
+
+
+@pytest.mark.parametrize(("desired", "control"), STOPS)
+@in_loop
+async def test_a_task_asked_to_stop_gives_back_its_window_and_gets_no_new_one_while_it_checkpoints(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    bubble(rig, 0)
+    assert grants(worker) == [1]
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    for it in (1, 2, 3):  # bubbles go on while state_dict() runs: none is granted to it (no hang timer either)
+        bubble(rig, it)
+    assert grants(worker) == [1]
+    assert rig.scheduler.tasks[rec.id].hang_timer is None
+    worker.exit(0)
+    assert rec.state is desired and worker.kills == []
+
+
+@pytest.mark.parametrize(("desired", "control"), STOPS)
+@in_loop
+async def test_a_checkpoint_that_outlasts_the_checkpoint_timeout_is_killed_and_the_reason_says_so(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    (deadline,) = rig.timers.pending()
+    assert deadline.at - rig.timers.now == rig.config.checkpoint_timeout_s == 300.0  # the default: generous
+    rig.timers.fire_next()
+    verb = "pause" if desired is TaskState.PAUSED else "cancel"
+    why = (f"its checkpoint after {verb} did not finish within 300s (--checkpoint-timeout-s); "
+           "its worker was killed, its previous checkpoint is kept")
+    assert worker.kills == [why]
+    worker.exit(-9)
+    assert (rec.state, rec.reason) == (desired, f"{desired.value.lower()} by user; {why}")
+
+
+@in_loop
+async def test_a_worker_that_stops_in_time_leaves_no_deadline_behind(rig: Rig) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    rig.sup.stop(rec, TaskState.CANCELLED)
+    rig.table.set_state(rec, TaskState.CANCELLED, "cancelled by user")
+    (deadline,) = rig.timers.pending()
+    worker.exit(0)
+    assert deadline.cancelled and rec.reason == "cancelled by user"
+
+
+@in_loop
+async def test_on_shutdown_the_shorter_of_grace_and_checkpoint_timeout_applies(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, checkpoint_timeout_s=0.01, shutdown_grace_s=60.0)
+    rec, worker = await ready_task(rig)
+    outbox = attach(rig, rec.id, worker.instance)
+    stopping = asyncio.ensure_future(rig.sup.shutdown())
+    await asyncio.wait_for(worker.killed.wait(), 5)  # 0.01 s, not 60 s
+    assert outbox.get_nowait() is Control.PAUSE
+    assert worker.kills == ["its checkpoint did not finish within the shutdown grace period (0.01s)"]
+    worker.exit(-9)
+    await stopping
+
+
+@in_loop
+async def test_a_worker_that_becomes_ready_while_the_agent_shuts_down_gets_no_window(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    worker = rig.worker(rec)
+    attach(rig, rec.id, worker.instance)
+    stopping = asyncio.ensure_future(rig.sup.shutdown())
+    await asyncio.sleep(0)  # shutdown has begun (it waits for the exit)
+    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    bubble(rig, 0)
+    assert grants(worker) == [] and rec.id not in rig.scheduler.tasks
+    worker.exit(0)
+    await stopping
