@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
 from freeride.errors import FreerideError
 
@@ -48,6 +49,11 @@ class AgentConfig:
     socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
     token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
     bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    # Side-task workers on the CPU (freeride.core.cpu): training's own CPU work (data loading, kernel launches)
+    # comes first, so workers run at the lowest priority by default; niceness costs nothing on an idle core.
+    worker_nice: int = 19  # 0..19
+    worker_cpus: str = ""  # CPU list like "0-3,8"; empty: the agent's own CPUs
+    worker_sched: str = "other"  # other | idle (SCHED_IDLE: only CPU time nothing else wants)
 
     @property
     def socket_path(self) -> Path:
@@ -68,6 +74,15 @@ class AgentConfig:
         if self.mps == "use":
             return Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps")
         return self.mps_pipe_path.parent / "log"
+
+    def worker_placement(self) -> Placement:
+        """--worker-nice/--worker-cpus/--worker-sched, checked against what this host allows."""
+        try:
+            cpus = parse_cpu_list(self.worker_cpus) if self.worker_cpus.strip() else None
+            return Placement(self.worker_nice, cpus, self.worker_sched).check()
+        except ValueError as exc:
+            msg = str(exc)
+            raise ConfigError(msg if msg.startswith("--") else f"--worker-cpus {msg}") from None
 
     @property
     def worker_target(self) -> str:
@@ -117,6 +132,7 @@ class AgentConfig:
             raise ConfigError(f"--metrics-port must be between 0 (off) and 65535, got {self.metrics_port}")
         self.socket_mode_bits()
         self.socket_gid()
+        self.worker_placement()
         if len(str(self.socket_path)) > 100:
             raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")
         return self

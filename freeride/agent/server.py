@@ -157,7 +157,9 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             )
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
-        launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu)
+        placement = config.worker_placement()
+        launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement)
+        log.info("side-task workers run at %s", placement.describe())
         agent = Agent(config, registry, launcher, gpu=gpu)
         health = HealthServicer()
         task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from freeride.agent.background import Background
+from freeride.core.cpu import Placement
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,11 @@ class WorkerProcess:
 
 
 class WorkerLauncher:
-    def __init__(self, agent_target: str, log_dir: Path, gpu: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, agent_target: str, log_dir: Path, gpu: int, env: dict[str, str] | None = None,
+                 placement: Placement | None = None) -> None:
         """`gpu`: the agent's GPU index, told to every worker (GPU_ENV); `env`: the base environment
-        (None: the agent's own)."""
+        (None: the agent's own); `placement`: the CPU placement every worker applies to itself at start."""
+        self._placement_env = placement.to_env() if placement is not None else {}
         self._target = agent_target
         self._log_dir = log_dir
         self._gpu = gpu
@@ -96,6 +99,7 @@ class WorkerLauncher:
         env["PYTHONUNBUFFERED"] = "1"
         env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
         env[GPU_ENV] = str(self._gpu)
+        env.update(self._placement_env)  # the worker applies it to itself before it starts anything
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         with open(log_path, "ab") as logf:
             proc = await asyncio.create_subprocess_exec(

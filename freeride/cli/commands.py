@@ -60,6 +60,15 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help="auto (default): trainers on this host report through a shared-memory ring; grpc: keep "
                         "every trainer on its gRPC stream, e.g. where shared memory is not allowed "
                         "(env FREERIDE_BUBBLE_PATH)")
+    w = p.add_argument_group("side-task workers on the CPU (docs/operations.md)")
+    w.add_argument("--worker-nice", type=int, metavar="0..19",
+                   help=f"niceness of every worker and what it starts (default {d.worker_nice}: training's CPU work "
+                        "comes first; env FREERIDE_WORKER_NICE)")
+    w.add_argument("--worker-cpus", metavar="LIST",
+                   help="CPUs workers may run on, e.g. 0-3,8 (default: the agent's own; env FREERIDE_WORKER_CPUS)")
+    w.add_argument("--worker-sched", choices=["other", "idle"],
+                   help="other (default): normal scheduling at --worker-nice; idle: SCHED_IDLE, only CPU time "
+                        "nothing else wants (env FREERIDE_WORKER_SCHED)")
     add_gpu_args(p)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from freeride.core.cpu import Placement
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
@@ -520,6 +521,18 @@ def limit_torch_memory(cap_bytes: int, device: str, before_setup: bool) -> None:
     log.info("torch memory fraction on cuda:%d set to %.3f (cap %d MiB)", index, cap_bytes / total, cap_bytes >> 20)
 
 
+def _apply_placement() -> bool:
+    """The CPU placement the agent chose (--worker-nice/-cpus/-sched), applied before the task starts anything."""
+    try:
+        placement = Placement.from_env(os.environ)
+        if placement is not None:
+            placement.apply()
+    except (ValueError, OSError) as exc:
+        log.error("cannot run at the CPU placement the agent chose: %s", exc)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freeride-worker")
     parser.add_argument("--agent", required=True)
@@ -528,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-fd", type=int, required=True, help="read end of the agent's wake-up pipe")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not _apply_placement():
+        return 2
     return Worker(ns.agent, ns.task_id, ns.instance, ns.window_fd).run()
 
 

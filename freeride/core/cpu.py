@@ -1,0 +1,117 @@
+"""Where and how eagerly a process runs on the CPU: CPU lists ("0-3,8"), niceness, SCHED_IDLE.
+
+The agent decides a side-task worker's placement (`--worker-nice`, `--worker-cpus`, `--worker-sched`)
+and passes it in the worker's environment; the worker applies it to itself first thing, to every
+thread it has, so that every thread and process it starts later inherits it. Linux keeps niceness,
+affinity and policy per thread: applied from outside after the spawn, a thread started meanwhile
+would escape.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+NICE_ENV = "FREERIDE_WORKER_NICE"
+CPUS_ENV = "FREERIDE_WORKER_CPUS"
+SCHED_ENV = "FREERIDE_WORKER_SCHED"
+SCHEDS = ("other", "idle")  # SCHED_OTHER (with its niceness) or SCHED_IDLE (runs only on an otherwise idle CPU)
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """ "0-3,8" -> {0, 1, 2, 3, 8}; ValueError saying what is wrong."""
+    cpus: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"{text!r} is not a CPU list like 0-3,8")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"{text!r}: range {part} runs backwards")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 8} -> "0-3,8"."""
+    out: list[str] = []
+    for cpu in sorted(set(cpus)):
+        if out and out[-1].rpartition("-")[2] == str(cpu - 1):
+            out[-1] = f"{out[-1].partition('-')[0]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)
+
+
+def lowest_nice_allowed() -> int:
+    """The lowest niceness this process may give a thread: its own unless root or RLIMIT_NICE allows lower."""
+    if os.geteuid() == 0:
+        return -20
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    return min(own, 20 - resource.getrlimit(resource.RLIMIT_NICE)[0])
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A worker's CPU placement: niceness (0..19), the CPUs it may use (None: any), its scheduling policy."""
+
+    nice: int = 0
+    cpus: frozenset[int] | None = None
+    sched: str = "other"
+
+    def check(self) -> Placement:
+        """ValueError naming the setting (as an agent flag) that this host cannot give."""
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"--worker-nice must be 0..19 (19: the lowest priority), got {self.nice}")
+        if self.nice < lowest_nice_allowed():
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            raise ValueError(f"--worker-nice {self.nice}: the agent runs at nice {own} and may not raise a worker "
+                             f"above it (that needs root or CAP_SYS_NICE); use {own}..19")
+        if self.sched not in SCHEDS:
+            raise ValueError(f"--worker-sched must be other or idle, got {self.sched!r}")
+        if self.sched == "idle" and not hasattr(os, "SCHED_IDLE"):
+            raise ValueError("--worker-sched idle needs Linux (SCHED_IDLE); use other")
+        if self.cpus is not None:
+            if not hasattr(os, "sched_setaffinity"):
+                raise ValueError("--worker-cpus needs Linux (sched_setaffinity); leave it out")
+            allowed = os.sched_getaffinity(0)
+            outside = self.cpus - allowed
+            if not self.cpus or outside:
+                raise ValueError(f"--worker-cpus {format_cpu_list(self.cpus)}: CPU {format_cpu_list(outside) or '-'} "
+                                 f"is not among the agent's CPUs ({format_cpu_list(allowed)}); pick from those")
+        return self
+
+    def describe(self) -> str:
+        where = f"CPUs {format_cpu_list(self.cpus)}" if self.cpus is not None else "any CPU"
+        how = "SCHED_IDLE" if self.sched == "idle" else f"nice {self.nice}"
+        return f"{how}, {where}"
+
+    def to_env(self) -> dict[str, str]:
+        return {NICE_ENV: str(self.nice), CPUS_ENV: format_cpu_list(self.cpus) if self.cpus is not None else "",
+                SCHED_ENV: self.sched}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Placement | None:
+        """What the agent put in a worker's environment; None when it put nothing (leave the process as it is)."""
+        if not env.get(NICE_ENV):
+            return None
+        cpus = env.get(CPUS_ENV, "")
+        return cls(nice=int(env[NICE_ENV]), cpus=parse_cpu_list(cpus) if cpus else None,
+                   sched=env.get(SCHED_ENV) or "other")
+
+    def apply(self, tasks_dir: Path = Path("/proc/self/task")) -> None:
+        """To every thread of this process (its own niceness, affinity and policy each); OSError if refused."""
+        try:
+            tids = [int(t.name) for t in tasks_dir.iterdir()]
+        except OSError:  # no /proc: the calling thread only
+            tids = [0]
+        for tid in tids:
+            if self.cpus is not None:
+                os.sched_setaffinity(tid, self.cpus)
+            if self.sched == "idle":
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
+                os.setpriority(os.PRIO_PROCESS, tid, self.nice)

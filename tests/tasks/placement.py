@@ -1,0 +1,39 @@
+"""A side task that reports the CPU placement of each of its threads and of a process it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from freeride import IterativeTask
+
+
+def _placement(pid: int) -> list[dict[str, object]]:
+    """Niceness, CPUs and policy of every thread of `pid`."""
+    out: list[dict[str, object]] = []
+    for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
+        out.append({"nice": os.getpriority(os.PRIO_PROCESS, tid), "cpus": sorted(os.sched_getaffinity(tid)),
+                    "sched": os.sched_getscheduler(tid)})
+    return out
+
+
+class ReportsPlacement(IterativeTask):
+    """In setup: starts a thread and a child process, then writes every placement to `path` (JSON)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def setup(self) -> None:
+        started = threading.Event()
+        threading.Thread(target=lambda: (started.set(), threading.Event().wait()), daemon=True).start()
+        started.wait()
+        child = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)  # dies with the worker's group
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"worker": _placement(os.getpid()), "child": _placement(child.pid)}))
+        os.replace(tmp, self.path)
+
+    def step(self) -> None:
+        pass
