@@ -15,7 +15,6 @@ import logging
 import os
 import pickle
 import queue
-import resource
 import select
 import sys
 import threading
@@ -91,6 +90,7 @@ class _Gate:
         self.progress: Any = dict
         self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
         self._unfit_windows = 0  # windows in a row in which the declared smallest step did not fit
+        self._peak_bytes = 0  # this process's peak resident memory at the latest sample
 
     def estimate_ns(self) -> int | None:
         """What the next step is expected to take: the task's own smallest step if it declares one
@@ -265,14 +265,31 @@ class _Gate:
         if now - self._progress_at >= _PROGRESS_EVERY_S:  # progress() may be costly (an evaluation)
             self._progress_at = now
             progress = self.progress()
+            self._peak_bytes = peak_rss_bytes()  # (sampled as seldom: it reads /proc)
         report = pb.StepReport(
             window_id=self._wid,
             steps=self._steps,
             progress=progress,
-            peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            peak_memory_bytes=self._peak_bytes,
         )
         self._steps = []
         self._send(pb.WorkerMessage(steps=report))
+
+
+def peak_rss_bytes(status: Path = Path("/proc/self/status")) -> int:
+    """This process's own peak resident memory (VmHWM; 0 where unknown).
+
+    Not getrusage's ru_maxrss: the kernel carries a parent's high-water mark across fork and exec,
+    so every worker would report the agent's peak. exec starts a new address space, whose VmHWM
+    counts this process only.
+    """
+    try:
+        for line in status.read_bytes().splitlines():
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def backoff_delays(retry_s: float, max_retry_s: float) -> Iterator[float]:
