@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from freeride.agent.retention import parse_retention
 from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
-from freeride.errors import FreerideError
+from freeride.errors import FreerideError, InvalidSpecError
 
 
 class ConfigError(FreerideError):
@@ -49,6 +50,9 @@ class AgentConfig:
     socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
     token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
     bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
+    # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
+    retention: str = "forever"
     # Side-task workers on the CPU (freeride.core.cpu): training's own CPU work (data loading, kernel launches)
     # comes first, so workers run at the lowest priority by default; niceness costs nothing on an idle core.
     worker_nice: int = 19  # 0..19
@@ -83,6 +87,14 @@ class AgentConfig:
         except ValueError as exc:
             msg = str(exc)
             raise ConfigError(msg if msg.startswith("--") else f"--worker-cpus {msg}") from None
+
+    @property
+    def retention_s(self) -> float | None:
+        """--retention in seconds; None: keep finished tasks forever."""
+        try:
+            return parse_retention(self.retention)
+        except InvalidSpecError as exc:
+            raise ConfigError(f"--retention: {exc}") from None
 
     @property
     def worker_target(self) -> str:
@@ -132,6 +144,7 @@ class AgentConfig:
             raise ConfigError(f"--metrics-port must be between 0 (off) and 65535, got {self.metrics_port}")
         self.socket_mode_bits()
         self.socket_gid()
+        self.retention_s  # noqa: B018 - parsed to check it
         self.worker_placement()
         if len(str(self.socket_path)) > 100:
             raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")

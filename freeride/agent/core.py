@@ -35,6 +35,7 @@ from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.pubsub import Hub
 from freeride.agent.refcheck import check_ref
+from freeride.agent.retention import Removal, Retention
 from freeride.agent.scheduler import Scheduler, SchedulerConfig
 from freeride.agent.store import Database, Store
 from freeride.agent.supervisor import Launcher, Supervisor
@@ -84,6 +85,7 @@ class Agent:
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
                            lambda: dataclasses.replace(self.scheduler.gpu))
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
+        self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later)
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None
 
@@ -115,16 +117,19 @@ class Agent:
         records, self.scheduler.gpu = await self.store.load()
         self.table.records.update((r.id, r) for r in records)
         self._loaded = True
+        await self.retention.start()  # (finished tasks only: nothing below starts them)
         resumed = [r for r in records if r.state.active or r.state is TaskState.SUBMITTED]
         for rec in resumed:
             await self.supervisor.start(rec, reason="agent restarted" if rec.state.active else "")
-        log.info("agent for GPU %d ready: %d tasks known, %d resumed", self.config.gpu, len(records), len(resumed))
+        log.info("agent for GPU %d ready: %d tasks known, %d resumed", self.config.gpu, len(self.table.records),
+                 len(resumed))
         self.supervisor.watch_memory()
 
     async def shutdown(self) -> int:
         """Checkpoint and stop every worker (within the grace period), then write the final state.
         0 once it is written; 1 if it could not be. A call after the first one ended returns its answer."""
         if self._exit_code is None:
+            await self.retention.close()
             self.store.hold()
             await self.supervisor.shutdown()
             if self._loaded:
@@ -193,6 +198,16 @@ class Agent:
         self.table.set_state(rec, TaskState.SUBMITTED, "resumed by user")
         await self.supervisor.start(rec)
         return rec
+
+    async def delete(self, task_id: str) -> Removal:
+        """Remove a finished task with its checkpoint and logs (`freeride rm`)."""
+        return await self.retention.remove(self.get(task_id))
+
+    async def prune(self, older_than_s: float, states: set[TaskState], dry_run: bool) -> Removal:
+        """Remove the finished tasks (of `states`; empty: all) last changed over `older_than_s` ago."""
+        if self.supervisor.stopping:
+            raise InvalidStateError("the agent is shutting down; prune again once it is back")
+        return await self.retention.prune(older_than_s, states, dry_run)
 
     def stats(self) -> Stats:
         for stream in self.streams:  # edges written before the call count in its answer

@@ -93,9 +93,13 @@ class Registry:
             raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
 
     def _insert(self, rec: TaskRecord) -> str:
+        # The id follows the highest ever given, removed ones included (`last_id`): SQLite alone would give a
+        # removed highest id out again, and a new task would inherit the old one's name in logs and scripts.
         cur = self._db.execute(
-            "INSERT INTO tasks (spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tasks (id, spec, state, kind, reason, restarts, created_unix_s, updated_unix_s, counters)"
+            " SELECT max(coalesce((SELECT max(id) FROM tasks), 0),"
+            " coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key='last_id'), 0)) + 1,"
+            " ?, ?, ?, ?, ?, ?, ?, ?",
             (
                 json.dumps(asdict(rec.spec)),
                 rec.state.value,
@@ -142,6 +146,22 @@ class Registry:
                     "INSERT INTO ledger VALUES (?, ?) ON CONFLICT(gpu) DO UPDATE SET counters=excluded.counters",
                     (gpu, json.dumps(asdict(gpu_counters))),
                 )
+
+    def delete(self, ids: list[str]) -> None:
+        """Remove these tasks' rows in one transaction (their ids are never given out again);
+        RegistryWriteError if it cannot."""
+        if not ids:
+            return
+        try:
+            with self._tx():
+                self._db.executemany("DELETE FROM tasks WHERE id=?", [(int(i),) for i in ids])
+                self._db.execute(
+                    "INSERT INTO meta VALUES ('last_id', ?) ON CONFLICT(key) DO UPDATE"
+                    " SET value=max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+                    (max(int(i) for i in ids),),
+                )
+        except sqlite3.Error as exc:
+            raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
 
     def load(self) -> list[TaskRecord]:
         try:

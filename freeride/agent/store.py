@@ -39,6 +39,7 @@ class Database(Protocol):
     def load_ledger(self, gpu: int) -> Counters: ...
     def insert(self, rec: TaskRecord) -> str: ...
     def save(self, recs: list[TaskRecord], gpu: int | None = None, gpu_counters: Counters | None = None) -> None: ...
+    def delete(self, ids: list[str]) -> None: ...
 
 
 class Store:
@@ -88,6 +89,18 @@ class Store:
             return await self._run(self._db.insert, rec)
         except RegistryWriteError as exc:
             raise InvalidStateError(self._refusal(str(exc))) from None
+
+    async def delete(self, ids: list[str]) -> None:
+        """Remove these tasks' rows, after every earlier write; InvalidStateError (with what to do) if it fails.
+        The caller has dropped their records already, so no later write brings them back."""
+        self._dirty.difference_update(ids)
+        if self._closed:
+            raise InvalidStateError("the agent is shutting down; remove the tasks once it is back")
+        try:
+            await self._run(self._db.delete, ids)
+        except RegistryWriteError as exc:
+            raise InvalidStateError(f"the state database cannot be written ({exc}); free space or fix "
+                                    f"{self._state_dir}, then remove the tasks again") from None
 
     def _refusal(self, error: str) -> str:
         return (f"the state database cannot be written ({error}); free space or fix {self._state_dir}, "
