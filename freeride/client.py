@@ -21,6 +21,9 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+SUBMIT_TIMEOUT_S = 90.0  # > 2 x the agent's longest check bound, plus the insert and the worker's spawn
+
+
 class AgentClient:
     """`token`: the agent's bearer token, needed over TCP (see freeride.core.auth.token_from)."""
 
@@ -57,7 +60,9 @@ class AgentClient:
         return int(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s).status)
 
     def submit(self, spec: tasks_pb2.TaskSpec) -> tasks_pb2.TaskInfo:
-        return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=self.timeout_s)
+        """Submit waits longer than other calls: the agent may first wait for a free check slot, then check
+        the task's import, each up to its --check-timeout-s (at most 40 s, freeride.agent.config)."""
+        return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=max(self.timeout_s, SUBMIT_TIMEOUT_S))
 
     def list(self, states: list[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
         return list(self.tasks.List(tasks_pb2.ListRequest(states=states or []), timeout=self.timeout_s).tasks)

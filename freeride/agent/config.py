@@ -13,6 +13,10 @@ from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
 from freeride.errors import FreerideError, InvalidSpecError
 
+# A submit's check may wait for a free slot, then run, each up to --check-timeout-s: the client's deadline
+# for Submit (freeride.client.SUBMIT_TIMEOUT_S) must exceed twice this bound.
+MAX_CHECK_TIMEOUT_S = 40.0
+
 
 class ConfigError(FreerideError):
     """A configuration value is invalid; the message says which and what to use."""
@@ -50,6 +54,11 @@ class AgentConfig:
     socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
     token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
     bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    # Resident side-task workers at once; more tasks wait (queued) and start, highest priority then oldest, as
+    # workers exit. Each worker is a Python process (~40 MB of host memory before the task's own, plus a CUDA
+    # context on a GPU) taking CPU time the trainer's host threads may need: 8 keeps a busy GPU's bubbles filled.
+    max_workers: int = 8
+    check_timeout_s: float = 20.0  # a submit's reference check (import + check_args) is killed after this long
     # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
     # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
     retention: str = "forever"
@@ -109,6 +118,11 @@ class AgentConfig:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.bubble_path not in ("auto", "grpc"):
             raise ConfigError(f"--bubble-path must be auto or grpc, got {self.bubble_path!r}")
+        if self.max_workers < 1:
+            raise ConfigError(f"--max-workers must be >= 1, got {self.max_workers}")
+        if not 0 < self.check_timeout_s <= MAX_CHECK_TIMEOUT_S:
+            raise ConfigError(f"--check-timeout-s must be > 0 and at most {MAX_CHECK_TIMEOUT_S:g} (so that a submit "
+                              f"is answered within the client's deadline), got {self.check_timeout_s}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
         if self.checkpoint_timeout_s <= 0:

@@ -34,7 +34,7 @@ from freeride.agent.events import (
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.pubsub import Hub
-from freeride.agent.refcheck import check_ref
+from freeride.agent.refcheck import RefChecks
 from freeride.agent.retention import Removal, Retention
 from freeride.agent.scheduler import Scheduler, SchedulerConfig
 from freeride.agent.store import Database, Store
@@ -85,6 +85,7 @@ class Agent:
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
                            lambda: dataclasses.replace(self.scheduler.gpu))
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
+        self.checks = RefChecks(config.check_timeout_s)  # the submits' reference checks, killed at shutdown
         self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later)
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None
@@ -130,6 +131,7 @@ class Agent:
         0 once it is written; 1 if it could not be. A call after the first one ended returns its answer."""
         if self._exit_code is None:
             await self.retention.close()
+            self.checks.close()
             self.store.hold()
             await self.supervisor.shutdown()
             if self._loaded:
@@ -152,7 +154,7 @@ class Agent:
         if self.supervisor.stopping:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         check_spec(spec, self.memory.device_total_bytes())
-        checked = await check_ref(spec)
+        checked = await self.checks.check(spec)
         if spec.priority == 0 and checked.get("priority"):
             spec = dataclasses.replace(spec, priority=int(checked["priority"]))
         if spec.mem_limit_bytes == 0 and checked.get("mem_limit_bytes"):

@@ -1,41 +1,97 @@
-"""The reference check at submit: import the task in a throwaway process, never in the agent."""
+"""The reference check at submit: import the task in a throwaway process, never in the agent.
+
+`RefChecks` owns every check process the agent runs. At most `parallel` run at once (each is a
+Python process importing the user's module: 200 concurrent submits must not mean 200 of them);
+the others wait their turn inside their Submit call. Each check runs in its own process group
+and is bounded by `timeout_s`; whether it ends, times out or its caller goes away, its whole
+group is killed. `close()` (agent shutdown) kills the groups of the checks still running, and a
+check kills itself when the agent dies (freeride.sdk.check asks the kernel for that).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 from typing import Any
 
 from freeride.agent.model import TaskSpec
-from freeride.errors import TaskRefError
+from freeride.errors import InvalidStateError, TaskRefError
 
-_CHECK_TIMEOUT_S = 60.0
+PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
+_PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
 
 
-async def check_ref(spec: TaskSpec) -> dict[str, Any]:
-    """What `freeride.sdk.check` says of the task (kind, name, declared priority and cap); TaskRefError if
-    it cannot be imported, its arguments do not bind, or its check_args refuses them (the error is the
-    task's one line). User code never runs inside the agent."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "freeride.sdk.check",
-        spec.ref,
-        "-",  # the arguments on stdin, not on a command line every user of the host can read
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(json.dumps(spec.args).encode()), timeout=_CHECK_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise TaskRefError(
-            f"checking {spec.ref!r} (its import and check_args) took over {_CHECK_TIMEOUT_S:.0f}s; "
-            "make them cheaper"
-        ) from None
+class RefChecks:
+    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS) -> None:
+        self.timeout_s = timeout_s
+        self._slots = asyncio.Semaphore(parallel)
+        self._running: set[int] = set()  # process group ids of the checks running now
+        self.queued = 0  # submits waiting for a free slot
+        self._closed = False
+
+    async def check(self, spec: TaskSpec) -> dict[str, Any]:
+        """What `freeride.sdk.check` says of the task (kind, name, declared priority and cap); TaskRefError
+        if it cannot be imported, its arguments do not bind, its check_args refuses them (the error is the
+        task's one line) or the check does not finish in time. User code never runs inside the agent."""
+        self.queued += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise InvalidStateError(
+                f"the agent is busy checking other submissions ({self.queued} waiting); submit again shortly"
+            ) from None
+        finally:
+            self.queued -= 1
+        try:
+            return await self._run(spec)
+        finally:
+            self._slots.release()
+
+    async def _run(self, spec: TaskSpec) -> dict[str, Any]:
+        if self._closed:
+            raise InvalidStateError("the agent is shutting down; submit again once it is back")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "freeride.sdk.check", "--parent", str(os.getpid()), spec.ref,
+            "-",  # the arguments on stdin, not on a command line every user of the host can read
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            process_group=0,
+        )
+        self._running.add(proc.pid)
+        io = asyncio.ensure_future(proc.communicate(json.dumps(spec.args).encode()))
+        timed_out = False
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+        finally:  # also when the caller went away: the check and whatever it started go with it
+            self._running.discard(proc.pid)
+            _kill_group(proc.pid)
+            try:
+                out, err = await asyncio.wait_for(io, _PIPES_AFTER_EXIT_S)
+            except TimeoutError:
+                out, err = b"", b""
+        if timed_out:
+            module = spec.ref.rpartition(":")[0] or spec.ref
+            raise TaskRefError(
+                f"importing {module!r} did not finish in {self.timeout_s:g} s: keep slow work (sleeps, downloads, "
+                "network calls) out of its import and its check_args; the check was stopped"
+            )
+        return _answer(spec, out, err)
+
+    def close(self) -> None:
+        """Kill every check still running (agent shutdown); later checks are refused."""
+        self._closed = True
+        for pgid in list(self._running):
+            _kill_group(pgid)
+
+
+def _answer(spec: TaskSpec, out: bytes, err: bytes) -> dict[str, Any]:
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         result: dict[str, Any] = json.loads(lines[-1])
@@ -45,3 +101,10 @@ async def check_ref(spec: TaskSpec) -> dict[str, Any]:
     if not result.get("ok"):
         raise TaskRefError(str(result.get("error")))
     return result
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the check's process group. Its leader may be reaped already, but the group's id is not reused
+    while any member of it lives, so this reaches exactly what the check started (or nothing)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -44,6 +44,12 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-timeout-s", type=float,
                    help="time a paused or cancelled task's worker gets to finish its step and checkpoint before "
                         f"it is killed (default {d.checkpoint_timeout_s:g}; env FREERIDE_CHECKPOINT_TIMEOUT_S)")
+    p.add_argument("--max-workers", type=int,
+                   help=f"side-task workers resident at once; more tasks wait, queued (default {d.max_workers}; "
+                        "env FREERIDE_MAX_WORKERS)")
+    p.add_argument("--check-timeout-s", type=float,
+                   help="a submitted task's import and check_args must finish within this, else the submit is "
+                        f"refused (default {d.check_timeout_s:g}, at most 40; env FREERIDE_CHECK_TIMEOUT_S)")
     p.add_argument("--memory-check-s", type=float,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")

@@ -7,7 +7,10 @@ Prints one JSON object on stdout.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import sys
 
 from freeride.errors import TaskRefError
@@ -41,9 +44,31 @@ def _refusal(exc: Exception) -> str:
     return f"check_args raised {type(exc).__name__}: {text}" if text else f"check_args raised {type(exc).__name__}"
 
 
+def _die_with(parent_pid: int) -> None:
+    """End this check, and whatever the task's import starts in its process group, when the agent that
+    started it dies: Linux sends this process SIGTERM then (PR_SET_PDEATHSIG), and SIGTERM kills the group."""
+    if os.getpgrp() != os.getpid():  # not in a group of its own: killing "its" group would reach others
+        return
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the agent's own kill at the check's time limit remains
+        return
+    if os.getppid() != parent_pid:  # the agent died before the request took effect
+        os.killpg(0, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str]) -> int:
     """`REF key=value ...`, or `REF -`: the arguments as one JSON object on stdin (the agent's way: a
-    command line is visible to every user of the host, and arguments may hold a password)."""
+    command line is visible to every user of the host, and arguments may hold a password). The agent
+    passes `--parent PID` first: its pid, so that the check dies with it."""
+    if argv[:1] == ["--parent"]:
+        _die_with(int(argv[1]))
+        argv = argv[2:]
     ref, *pairs = argv
     args = json.loads(sys.stdin.read()) if pairs == ["-"] else dict(p.split("=", 1) for p in pairs)
     print(json.dumps(check(ref, args)))

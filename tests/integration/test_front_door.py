@@ -6,16 +6,19 @@ Real `freeride agent` and `freeride submit` subprocesses, waits on the health RP
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from freeride.client import AgentClient
+from freeride.tooling.harness import AgentProcess
 
 
 def _env() -> dict[str, str]:
@@ -106,3 +109,108 @@ def test_a_stale_socket_is_taken_over(short_dir: Path) -> None:
         _, err = agent.communicate(timeout=30)
     assert agent.returncode == 0, err
     assert not sock.exists()
+
+
+# -- bug 2: a task file that hangs at import ------------------------------------------------------
+def _hanging_task(folder: Path) -> tuple[Path, Path]:
+    """A task file whose import starts a child process, says both pids through a fifo, then hangs."""
+    fifo = folder / "pids.fifo"
+    os.mkfifo(fifo)
+    task = folder / "hangs.py"
+    task.write_text(
+        "import os, subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '1000'])\n"
+        f"with open({str(fifo)!r}, 'w') as f:\n"
+        "    f.write(f'{os.getpid()} {child.pid}')\n"
+        "time.sleep(1000)\n"
+        "import freeride\n"
+        "class Hangs(freeride.IterativeTask):\n"
+        "    def step(self):\n"
+        "        pass\n"
+    )
+    return task, fifo
+
+
+def _pids_from(fifo: Path) -> list[int]:
+    with open(fifo) as f:  # blocks until the check has imported that far: an event, not a sleep
+        return [int(p) for p in f.read().split()]
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """The pids still alive after `timeout_s` (exits are waited on through pidfds, not polled)."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds:
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [pid for pid in fds.values() if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def quick_check_agent(short_dir: Path) -> Iterator[AgentProcess]:
+    env = {**_env(), "FREERIDE_CHECK_TIMEOUT_S": "3"}
+    agent = AgentProcess(state_dir=short_dir / "state", extra_args=["--fake-gpu"], env=env).start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def test_a_task_that_hangs_at_import_is_refused_in_bounded_time_and_its_check_is_killed(
+    short_dir: Path, quick_check_agent: AgentProcess
+) -> None:
+    task, fifo = _hanging_task(short_dir)
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "freeride", "submit", "--agent", quick_check_agent.target, f"{task}:Hangs"],
+        env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    pids = _pids_from(fifo)
+    out, err = submit.communicate(timeout=60)
+
+    line = _one_line(subprocess.CompletedProcess(submit.args, submit.returncode, out, err))
+    assert f"importing '{task}' did not finish in 3 s" in line, line
+    assert _wait_gone(pids, 10) == [], "the check (or what it started) outlived its time limit"
+    with quick_check_agent.client() as c:  # the agent is still up and answers
+        assert c.list() == []
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_running_check_never_outlives_the_agent(short_dir: Path, how: str) -> None:
+    agent = AgentProcess(state_dir=short_dir / "state", extra_args=["--fake-gpu"], env=_env()).start()
+    task, fifo = _hanging_task(short_dir)
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "freeride", "submit", "--agent", agent.target, f"{task}:Hangs"],
+        env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        pids = _pids_from(fifo)
+        if how == "sigterm":
+            assert agent.stop() == 0, agent.log_tail()
+        else:
+            agent.kill9()
+        assert _wait_gone(pids, 10) == [], f"the check outlived the agent ({how})"
+    finally:
+        agent.stop()
+        submit.kill()
+        submit.communicate()
