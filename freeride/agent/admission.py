@@ -1,8 +1,12 @@
-"""Memory admission: the caps of resident side tasks never add up to more than the trainer leaves free.
+"""Admission: at most --max-workers resident workers, and their memory caps never add up to more than
+the trainer leaves free.
 
-Pure bookkeeping. Usable memory = min(the trainer's free-memory hint, what the device could give
-the side tasks: NVML free plus what the workers hold) minus a safety headroom; unknown on both
-sides (CPU mode, no hint) means unbounded. A task that does not fit waits; it is never started
+Pure bookkeeping. A resident worker is a task admitted and not yet exited (its process is being
+created or runs): each one is a process with its own memory and CPU time, whatever its cap.
+
+Usable memory = min(the trainer's free-memory hint, what the device could give the side tasks:
+NVML free plus what the workers hold) minus a safety headroom; unknown on both sides (CPU mode,
+no hint) means unbounded. A task that does not fit waits; it is never started
 to fail. Tasks without a declared cap reserve nothing (they are bounded only by the watchdog).
 """
 
@@ -32,4 +36,11 @@ def admit(cap_bytes: int, reserved_bytes: int, usable: Callable[[], int | None])
         free = limit - reserved_bytes
         if cap_bytes > free:
             return f"waiting for memory: needs {_mib(cap_bytes)}, {_mib(max(0, free))} free for side tasks"
+    return ""
+
+
+def worker_slot(resident: int, max_workers: int) -> str:
+    """"" if one more worker may start beside `resident` ones, else the reason the task waits (queued)."""
+    if resident >= max_workers:
+        return f"queued: {resident} workers resident (--max-workers {max_workers})"
     return ""

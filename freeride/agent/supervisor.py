@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.admission import admit
+from freeride.agent.admission import admit, worker_slot
 from freeride.agent.background import Background
 from freeride.agent.config import AgentConfig
 from freeride.agent.events import (
@@ -80,9 +80,10 @@ class Supervisor:
 
     def _admit(self, rec: TaskRecord, rt: TaskRuntime, start_reason: str,
                usable: Callable[[], int | None] | None = None) -> bool:
-        """Reserve the task's cap, or park it with the reason visible in `freeride show`."""
+        """Take a worker slot and reserve the task's cap, or park it with the reason visible in `freeride show`."""
         if rt.reserved_bytes is None:
-            why = admit(rec.spec.mem_limit_bytes, self._table.reserved_bytes, usable or self.usable_bytes)
+            why = worker_slot(self._resident(), self._cfg.max_workers) or admit(
+                rec.spec.mem_limit_bytes, self._table.reserved_bytes, usable or self.usable_bytes)
             if why:
                 first = rt.waiting is None
                 rt.waiting = start_reason
@@ -97,6 +98,10 @@ class Supervisor:
         rt.waiting = None
         return True
 
+    def _resident(self) -> int:
+        """Admitted tasks whose worker has not exited yet (being created, or running)."""
+        return sum(1 for rt in self._table.live.values() if rt.reserved_bytes is not None)
+
     def _admit_after_exit(self) -> None:
         self._admission_pass = None
         try:
@@ -105,8 +110,9 @@ class Supervisor:
             log.exception("admitting waiting tasks after a worker's exit failed")
 
     def admit_waiting(self) -> None:
-        """Memory may have freed up: start the waiting tasks that fit now, highest priority first."""
-        if self.stopping:
+        """A worker slot or memory may have freed up: start the waiting tasks that fit now, highest priority
+        first, then oldest."""
+        if self.stopping or self._resident() >= self._cfg.max_workers:
             return
         # One GPU query for the whole pass: workers start later (owned tasks), so the device is unchanged.
         usable = functools.cache(self.usable_bytes)
@@ -129,7 +135,12 @@ class Supervisor:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
             return
         rt = self._table.runtime(rec.id)
-        if rt.worker is not None or rt.spawning or not self._admit(rec, rt, reason):
+        if rt.worker is not None or rt.spawning:
+            return
+        if self._admission_pass is not None and rt.reserved_bytes is None and rt.waiting is None:
+            rt.waiting = reason  # a worker exited and its admission pass is due: it admits in order, this one too
+            return
+        if not self._admit(rec, rt, reason):
             return
         self._table.set_state(rec, TaskState.STARTING, reason)
         self._instance += 1
