@@ -39,6 +39,12 @@ class AgentConfig:
     checkpoint_timeout_s: float = 300.0
     memory_check_s: float = 0.25  # how often worker memory is checked against its cap
     log_format: str = "text"
+    # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
+    # at most twice this on disk per task, the newest output always kept.
+    log_max_bytes: int = 16 << 20
+    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.cgroups);
+    # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
+    cgroups: str = "auto"
     # GPU layer (freeride.gpu): see docs/gpu.md
     fake_gpu: str = ""  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
     headroom_bytes: int = 1 << 30  # kept free on the GPU beyond what the trainer needs
@@ -125,6 +131,10 @@ class AgentConfig:
                               f"is answered within the client's deadline), got {self.check_timeout_s}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
+        if self.cgroups not in ("auto", "off"):
+            raise ConfigError(f"--cgroups must be auto or off, got {self.cgroups!r}")
+        if self.log_max_bytes < 4096:
+            raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
         if self.checkpoint_timeout_s <= 0:
             raise ConfigError(f"--checkpoint-timeout-s must be > 0, got {self.checkpoint_timeout_s}")
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 from freeride.agent.config import AgentConfig
 from freeride.agent.events import (
@@ -31,6 +31,7 @@ from freeride.agent.events import (
     WorkerMessage,
     WorkerSetup,
 )
+from freeride.agent.logs import TaskLogs
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.pubsub import Hub
@@ -61,8 +62,10 @@ class Agent:
         clock: Callable[[], int] = time.monotonic_ns,
         memory: MemoryProbe | None = None,
         gpu: GpuControl | None = None,
+        logs: TaskLogs | None = None,
     ) -> None:
         self.config = config
+        self.task_logs = logs  # the workers' output (None: the Logs call is refused)
         self.clock = clock  # CLOCK_MONOTONIC in ns: the clock trainers stamp bubble edges with
         gpu = gpu if gpu is not None else cpu_only()
         self.memory = MemoryGuard(gpu, memory if memory is not None else gpu.probe, config.headroom_bytes)
@@ -97,6 +100,8 @@ class Agent:
     def _changed(self, rec: TaskRecord, change: Change) -> None:
         if change is Change.STATE:
             self.store.write(rec.id)
+            if self.task_logs is not None:
+                self.task_logs.poke(rec.id)  # a follower of its log ends once it is over
         elif change is Change.REASON:
             self.store.mark_dirty({rec.id}, delay_s=0)
         else:
@@ -210,6 +215,24 @@ class Agent:
         if self.supervisor.stopping:
             raise InvalidStateError("the agent is shutting down; prune again once it is back")
         return await self.retention.prune(older_than_s, states, dry_run)
+
+    def read_log(self, task_id: str, tail_lines: int = 0, follow: bool = False) -> AsyncGenerator[bytes, None]:
+        """The task's output (the last `tail_lines` lines; 0: all), then with `follow` what it writes next,
+        until it is DONE, FAILED, CANCELLED or PAUSED and its worker is gone."""
+        self.get(task_id)
+        if self.task_logs is None:
+            raise InvalidStateError("this agent keeps no task logs")
+
+        def over() -> bool:
+            rec = self.table.records.get(task_id)
+            return rec is None or ((rec.state.terminal or rec.state is TaskState.PAUSED)
+                                   and self.table.worker(task_id) is None)
+
+        return self.task_logs.read(task_id, tail_lines, follow, over)
+
+    def log_path(self, task_id: str) -> str:
+        """Where the task's output is stored ("" when this agent keeps no task logs)."""
+        return str(self.task_logs.path(task_id)) if self.task_logs is not None else ""
 
     def stats(self) -> Stats:
         for stream in self.streams:  # edges written before the call count in its answer

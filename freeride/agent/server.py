@@ -20,9 +20,11 @@ from grpc_health.v1._async import HealthServicer
 
 from freeride.agent import _systemd
 from freeride.agent.auth import TokenInterceptor
+from freeride.agent.cgroups import open_cgroups
 from freeride.agent.config import AgentConfig, ConfigError
 from freeride.agent.core import Agent
 from freeride.agent.doctor import log_failures
+from freeride.agent.logs import TaskLogs
 from freeride.agent.registry import Registry
 from freeride.agent.ring import remove_stale_rings
 from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
@@ -158,9 +160,19 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
         placement = config.worker_placement()
-        launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement)
+        cgroups, containment = (await loop.run_in_executor(None, open_cgroups, config.state_dir)
+                                if config.cgroups == "auto" else (None, "--cgroups off"))
+        if cgroups is not None:
+            log.info("workers contained in %s: everything a task starts dies with it", containment)
+        else:
+            log.warning("workers contained by process group and environment mark only (%s): a process a task "
+                        "starts that calls setsid() and clears its environment can outlive it", containment)
+        task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes)
+        stack.callback(task_logs.close)  # after the workers are gone (agent.shutdown runs before)
+        launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
+                                  logs=task_logs, cgroups=cgroups)
         log.info("side-task workers run at %s", placement.describe())
-        agent = Agent(config, registry, launcher, gpu=gpu)
+        agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs)
         health = HealthServicer()
         task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
         server = _new_server()

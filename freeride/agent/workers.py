@@ -1,4 +1,11 @@
-"""Worker processes: spawn one per task, learn of its exit as an event, kill it with its children."""
+"""Worker processes: spawn one per task, learn of its exit as an event, kill it with its children.
+
+Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.cgroups) where the
+agent may create one; the whole group is killed when the worker exits or is killed, so nothing a task
+starts outlives it. Without cgroups, the worker's process group is killed and what left it is found
+by the WORKER_MARK in its environment (a process that also clears its environment escapes that).
+Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.logs).
+"""
 
 from __future__ import annotations
 
@@ -16,12 +23,15 @@ from pathlib import Path
 import psutil
 
 from freeride.agent.background import Background
+from freeride.agent.cgroups import CgroupTree
+from freeride.agent.logs import TaskLogs, log_path, rotated
 from freeride.core.cpu import Placement
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
 
 _BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
+_EMPTIED_S = 10.0  # bound on the wait for a killed group to empty (a process stuck in the kernel)
 # Set in each worker's environment and inherited by whatever its task starts: the agent finds (and
 # kills) a task's processes even after they leave the worker's process group.
 WORKER_MARK = "FREERIDE_WORKER"
@@ -44,6 +54,9 @@ class WorkerProcess:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     # Runs before the SIGKILL (MPS terminate_client: cancel the worker's queued GPU work first).
     before_kill: Callable[[int], Awaitable[None]] | None = None
+    cgroups: CgroupTree | None = None
+    group: Path | None = None  # its cgroup (None: contained by its process group and mark only)
+    log_fd: int = -1  # the read end of its output pipe (the log writer's)
     _stopping: bool = False
 
     @property
@@ -70,15 +83,23 @@ class WorkerProcess:
             self._killpg()
 
     def _killpg(self) -> None:
+        """SIGKILL its cgroup (every descendant, wherever it went) and its process group."""
+        if self.cgroups is not None and self.group is not None:
+            self.cgroups.kill(self.group)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 class WorkerLauncher:
     def __init__(self, agent_target: str, log_dir: Path, gpu: int, env: dict[str, str] | None = None,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, logs: TaskLogs | None = None,
+                 cgroups: CgroupTree | None = None) -> None:
         """`gpu`: the agent's GPU index, told to every worker (GPU_ENV); `env`: the base environment
-        (None: the agent's own); `placement`: the CPU placement every worker applies to itself at start."""
+        (None: the agent's own); `placement`: the CPU placement every worker applies to itself at start;
+        `logs`: the capped task logs (None: each worker appends to its log file itself, uncapped);
+        `cgroups`: where each worker gets a cgroup (None: process group and mark only)."""
+        self._logs = logs
+        self._cgroups = cgroups
         self._placement_env = placement.to_env() if placement is not None else {}
         self._target = agent_target
         self._log_dir = log_dir
@@ -94,36 +115,41 @@ class WorkerLauncher:
     ) -> WorkerProcess:
         """Start a worker; `env` (its GPU client settings) replaces the launcher's environment when given."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self._log_dir / f"task-{task_id}.log"
+        path = log_path(self._log_dir, task_id)
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
         env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
         env[GPU_ENV] = str(self._gpu)
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
-        with open(log_path, "ab") as logf:
+        argv = [sys.executable, "-m", "freeride.sdk.worker", "--agent", self._target, "--task-id", task_id,
+                "--instance", str(instance), "--window-fd", str(window.read_fd)]
+        group = self._cgroups.group(f"task-{task_id}-{instance}-{os.getpid()}") if self._cgroups else None
+        if group is not None and self._cgroups is not None:
+            argv = self._cgroups.argv(group, argv)  # in its group before its first instruction
+        read_fd, out = self._logs.pipe(task_id) if self._logs is not None else (-1, os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "freeride.sdk.worker",
-                "--agent",
-                self._target,
-                "--task-id",
-                task_id,
-                "--instance",
-                str(instance),
-                "--window-fd",
-                str(window.read_fd),
+                *argv,
                 pass_fds=(window.read_fd,),
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=logf,
+                stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # its own process group: one killpg reaches its children
                 env=env,
             )
+        except BaseException:
+            if group is not None:
+                CgroupTree.remove(group)
+            window.close_child_end()
+            window.close()
+            raise
+        finally:
+            os.close(out)  # (a pipe's read end goes at its end of file: the writer closes it)
         window.close_child_end()
-        worker = WorkerProcess(task_id, instance, proc, log_path, window, mark=env[WORKER_MARK],
-                               background=self._stops)
+        worker = WorkerProcess(task_id, instance, proc, path, window, mark=env[WORKER_MARK],
+                               background=self._stops, cgroups=self._cgroups, group=group, log_fd=read_fd)
         watch = self._watches.spawn(self._watch(worker, on_exit), on_error=lambda _: self._watch_failed(worker))
         self._watched[watch] = worker
         watch.add_done_callback(lambda t: self._watched.pop(t, None))
@@ -136,31 +162,52 @@ class WorkerLauncher:
             worker.kill("the agent lost track of it")
 
     async def settle(self) -> None:
-        """Before the agent exits: wait until every exited worker's processes are gone (its stop, its scan
-        for escaped processes); stop watching the workers that outlived the agent's grace period."""
+        """Before the agent exits: wait until every exited worker's processes are gone (its stop, its group
+        emptied or its scan for escaped processes); stop watching the workers that outlived the agent's
+        grace period; remove the worker groups left empty (a predecessor's too)."""
         await self._stops.wait()
         exited = [t for t, w in self._watched.items() if w.exited.is_set()]
         if exited:
             await asyncio.wait(exited)
         await self._watches.cancel()
+        if self._cgroups is not None:
+            self._cgroups.remove_empty()
+            self._cgroups.close(remove_root=True)
 
     async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
-        # Reap whatever the task forked and left behind in its process group...
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.proc.pid, signal.SIGKILL)
+        # Kill whatever the task started and left behind: its cgroup (all of it), its process group.
+        worker._killpg()
+        if worker.log_fd >= 0 and self._logs is not None:
+            await self._logs.drain(worker.log_fd)  # its last words are in the log before anyone reads it
         worker.window.close()
         worker.exited.set()
         try:
             on_exit(worker, code)
         except Exception:  # the supervisor's bug must not also leave escaped processes running
             log.exception("task %s: handling its worker's exit failed", worker.task_id)
-        # ...and what left the group (setsid, a daemonising fork) but still carries the worker's mark:
-        # a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
+        if self._logs is not None:
+            self._logs.poke(worker.task_id)  # its followers: the worker is gone
+        if worker.group is not None and self._cgroups is not None:
+            await self._remove_group(worker.group)
+            return
+        # Without a cgroup: what left the process group (setsid, a daemonising fork) but still carries the
+        # worker's mark; a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
         escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
         if escaped:
             log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
                         worker.task_id, len(escaped), ", ".join(escaped))
+
+    async def _remove_group(self, group: Path) -> None:
+        assert self._cgroups is not None
+        try:
+            await asyncio.wait_for(self._cgroups.emptied(group), timeout=_EMPTIED_S)
+        except TimeoutError:
+            log.warning("cgroup %s: processes still in it %.0f s after its kill; left (removed once empty, "
+                        "when this agent exits or the next one starts)", group, _EMPTIED_S)
+            return
+        if not self._cgroups.remove(group):
+            log.warning("cgroup %s: emptied but could not be removed", group)
 
 
 def kill_marked(mark: str) -> list[str]:
@@ -193,14 +240,18 @@ _GRPC_CORE_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]"
 
 
 def last_log_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
-                     if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
+    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it.
+    The log's rotated part is read when the current one (just started) has no such line."""
+    for part in (path, rotated(path)):
+        try:
+            with open(part, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
+                         if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
+        except OSError:
+            continue
+        if lines:
+            return lines[-1]
+    return ""

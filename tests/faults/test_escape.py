@@ -1,0 +1,117 @@
+"""Bug 4: a task's process that forks, calls setsid(), clears its environment and execs `sleep 1000`.
+
+With cgroups (the agent may create cgroup v2 groups: root here, or a systemd unit with Delegate=yes)
+it dies when its task ends, when the task is cancelled and when the agent stops, and the worker's
+group is removed. Without (--cgroups off) the agent reaches only the worker's process group and what
+carries the worker's environment mark: such a process outlives its task, which is the fallback's
+documented limit, while an escapee that kept its environment is still found and killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, BackgroundTrainer
+from fault_support import ref, wait_gone
+
+from freeride.agent.cgroups import open_cgroups
+from freeride.tooling.harness import AgentProcess, wait_for_task
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+
+
+def _cgroup_root(state_dir: Path) -> Path | None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tree, _ = open_cgroups(state_dir)
+    if tree is None:
+        return None
+    tree.close(remove_root=True)
+    return tree.root
+
+
+@contextlib.contextmanager
+def _escapee(agent: AgentProcess, tmp_path: Path, steps: int, keep_env: int = 0) -> Iterator[tuple[str, int]]:
+    """Submit an Escapee; (task id, escapee pid) once it is READY. Whatever it leaves is killed afterwards."""
+    tmp_path.mkdir(exist_ok=True)
+    pidfile = tmp_path / "pids"
+    with agent.client() as c:
+        task = c.submit(S.TaskSpec(ref=ref("escape", "Escapee"), max_restarts=0,
+                                   args={"pidfile": str(pidfile), "steps": str(steps), "keep_env": str(keep_env)}))
+        wait_for_task(c, task.id, [S.TASK_STATE_READY])
+    worker_pid, pid = map(int, pidfile.read_text().split())
+    escapee = psutil.Process(pid)
+    try:
+        # What makes it an escapee: its own session, no worker mark in its environment.
+        assert os.getsid(pid) != os.getsid(worker_pid) and os.getpgid(pid) != worker_pid
+        assert (escapee.environ() == {}) != bool(keep_env)
+        yield task.id, pid
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            escapee.kill()
+
+
+@pytest.fixture
+def cgroup_root(tmp_path: Path) -> Path:
+    root = _cgroup_root(tmp_path / "state")
+    if root is None:
+        pytest.skip(f"cgroups not writable here ({open_cgroups(tmp_path / 'state')[1]}): the fallback tests run")
+    return root
+
+
+@pytest.mark.parametrize("end", ["task-done", "cancel", "agent-sigterm"])
+def test_an_escaped_process_dies_with_its_task_in_a_cgroup(tmp_path: Path, cgroup_root: Path, end: str) -> None:
+    agent = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST).start()
+    try:
+        with _escapee(agent, tmp_path, steps=1 if end == "task-done" else 0) as (task_id, pid):
+            groups = [p.name for p in cgroup_root.iterdir() if p.is_dir()]
+            assert len(groups) == 1 and groups[0].startswith(f"task-{task_id}-"), groups
+            with agent.client() as c:
+                if end == "task-done":
+                    with BackgroundTrainer(agent, [20.0]):
+                        wait_for_task(c, task_id, [S.TASK_STATE_DONE], timeout_s=30)
+                elif end == "cancel":
+                    c.cancel(task_id)
+            if end == "agent-sigterm":
+                assert agent.stop() == 0, agent.log_tail()
+            assert wait_gone([pid], 30) == [], f"escaped process {pid} outlived its task ({end})"
+            assert agent.stop() == 0, agent.log_tail()
+            assert not cgroup_root.exists(), "the agent left its workers' cgroups behind"
+    finally:
+        agent.stop()
+
+
+def test_a_new_agent_removes_the_empty_groups_a_killed_one_left(tmp_path: Path, cgroup_root: Path) -> None:
+    agent = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST).start()
+    try:
+        with _escapee(agent, tmp_path, steps=0) as (_, pid):
+            agent.kill9()  # its worker checkpoints and exits; its group and the escapee stay
+            (group,) = [p for p in cgroup_root.iterdir() if p.is_dir()]
+            psutil.Process(pid).kill()
+            assert wait_gone([pid], 10) == []
+            agent = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST).start()
+            assert not group.exists() or (group / "cgroup.procs").read_text().strip(), "an empty group was kept"
+    finally:
+        assert agent.stop() == 0, agent.log_tail()
+
+
+def test_without_cgroups_only_the_marked_escapee_is_found(tmp_path: Path) -> None:
+    """The fallback's limit, stated as a test: a process that left the process group AND cleared its
+    environment outlives its task and the agent; one that kept its environment (the mark) is killed."""
+    agent = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST,
+                          env={**os.environ, "FREERIDE_CGROUPS": "off"}).start()
+    try:
+        with _escapee(agent, tmp_path / "marked", steps=0, keep_env=1) as (marked_task, marked), \
+                _escapee(agent, tmp_path / "unmarked", steps=0) as (unmarked_task, unmarked), agent.client() as c:
+            c.cancel(marked_task)
+            c.cancel(unmarked_task)
+            assert agent.stop() == 0, agent.log_tail()  # (its last act: the scans for marked processes)
+            assert wait_gone([marked], 30) == [], "the marked escapee outlived its task"
+            assert psutil.pid_exists(unmarked), "expected the fallback's limit: the unmarked escapee lives on"
+    finally:
+        agent.stop()

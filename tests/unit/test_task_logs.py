@@ -1,0 +1,105 @@
+"""Task logs in-process: pipes written here stand in for workers (freeride.agent.logs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from freeride.agent.logs import TaskLogs, rotated
+from freeride.agent.workers import last_log_line
+
+
+@pytest.fixture
+def run() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+async def _collect(it: AsyncIterator[bytes]) -> bytes:
+    return b"".join([c async for c in it])
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def test_output_is_capped_and_rotated_keeping_the_newest(run: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    async def main() -> tuple[bytes, bytes, int, int]:
+        logs = TaskLogs(tmp_path, max_bytes=10_000)
+        try:
+            r, w = logs.pipe("1")
+            lines = b"".join(b"line %06d\n" % i for i in range(20_000))  # 220 kB: 22x the cap
+            _write(w, lines + b"Traceback: the end\n")
+            os.close(w)
+            await logs.drain(r)
+            stored = await _collect(logs.read("1", 0, False, lambda: True))
+            tail = await _collect(logs.read("1", 2, False, lambda: True))
+        finally:
+            logs.close()
+        return stored, tail, logs.path("1").stat().st_size, rotated(logs.path("1")).stat().st_size
+
+    stored, tail, size, old_size = run.run_until_complete(main())
+    assert size <= 10_000 and old_size == 10_000  # at most 2x the cap on disk
+    assert stored.endswith(b"line 019999\nTraceback: the end\n") and len(stored) == size + old_size
+    assert tail == b"line 019999\nTraceback: the end\n"
+    assert last_log_line(tmp_path / "task-1.log") == "Traceback: the end"
+
+
+def test_last_log_line_reads_the_rotated_part_when_the_new_one_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "task-2.log"
+    rotated(path).write_text("x\nValueError: boom\n")
+    path.write_text("")
+    assert last_log_line(path) == "ValueError: boom"
+
+
+def test_a_follower_gets_new_output_until_the_task_is_over(run: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    async def main() -> list[bytes]:
+        logs = TaskLogs(tmp_path, max_bytes=1 << 20)
+        over = False
+        got: list[bytes] = []
+        try:
+            r, w = logs.pipe("3")
+            _write(w, b"before\n")
+            await logs.drain(r)
+
+            live = asyncio.Event()
+
+            async def follow() -> None:
+                async for chunk in logs.read("3", 0, True, lambda: over):
+                    got.append(chunk)
+                    if chunk.endswith(b"before\n"):
+                        _write(w, b"after\n")  # written once the follower has the stored part
+                    if chunk.endswith(b"after\n"):
+                        live.set()
+
+            follower = asyncio.ensure_future(follow())
+            await asyncio.wait_for(live.wait(), 5)
+            assert not follower.done()  # the task is not over: it follows on
+            os.close(w)
+            await logs.drain(r)
+            over = True
+            logs.poke("3")
+            await asyncio.wait_for(follower, 5)
+        finally:
+            logs.close()
+        return got
+
+    assert b"".join(run.run_until_complete(main())) == b"before\nafter\n"
+
+
+def test_an_unknown_task_has_an_empty_log(run: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    async def main() -> bytes:
+        logs = TaskLogs(tmp_path, max_bytes=1 << 20)
+        try:
+            return await _collect(logs.read("9", 10, False, lambda: True))
+        finally:
+            logs.close()
+
+    assert run.run_until_complete(main()) == b""
