@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -58,16 +60,48 @@ def resolve(ns: argparse.Namespace) -> AgentSet:
         if given:
             raise UsageError("--all and --agent do not mix: pick one")
         root = default_runtime_dir()
-        sockets = sorted(root.glob("*.sock"), key=_natural)
+        sockets = sorted((p for p in root.glob("*.sock") if _is_socket(p)), key=_natural)
         if not sockets:
             raise UsageError(f"no agent sockets in {root}; start agents there or set FREERIDE_SOCKET_DIR")
         return AgentSet([f"unix:{s}" for s in sockets], multi=True)
     if not given:
         given = [a.strip() for a in os.environ.get("FREERIDE_AGENT", "").split(",") if a.strip()]
     if not given:
-        return AgentSet([agent_target(None, _gpu(ns))], multi=False)
+        given = [agent_target(None, _gpu(ns))]
     targets = list(dict.fromkeys(agent_target(a) for a in given))
+    for target in targets:
+        check_socket(target)
     return AgentSet(targets, multi=len(targets) > 1)
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _what(mode: int) -> str:
+    for check, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a fifo"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if check(mode):
+            return name
+    return "no socket"
+
+
+def check_socket(target: str) -> None:
+    """A unix target whose path exists but is no socket is a usage error that says what it is instead (a
+    missing path is left to the call: 'no agent answers')."""
+    if not target.startswith("unix:") or target.startswith("unix-abstract:"):
+        return
+    path = Path(target.removeprefix("unix:").removeprefix("//"))
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"{path} is not a socket: it is {_what(mode)}; pass the agent's socket "
+                         "(the --socket it was started with)")
 
 
 def client(ns: argparse.Namespace, target: str) -> AgentClient:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ import grpc
 from freeride.cli import _agents, commands
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
+from freeride.cli.common import seconds, whole
 from freeride.errors import FreerideError
 
 _AGENT_HINT = "start one with `freeride agent --gpu N --state-dir DIR` (or pass --agent ADDRESS)"
@@ -32,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 def add_agent_args(p: argparse.ArgumentParser) -> None:
     """The flags that pick the agent(s) a command talks to."""
     _agents.add_args(p)
-    p.add_argument("--gpu", type=int, default=None,
+    p.add_argument("--gpu", type=whole(0), default=None,
                    help="GPU whose default agent socket to use when --agent is not given (env FREERIDE_GPU)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -60,10 +62,15 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     s.add_argument("ref", help="package.module:Class or path/to/file.py:Class")
     s.add_argument("args", nargs="*", metavar="key=value", help="arguments for the task's constructor")
     s.add_argument("--name", default="")
-    s.add_argument("--priority", type=int, default=0, help="0..100, higher runs first (default: the task's own)")
-    s.add_argument("--mem", default="", help="memory cap, e.g. 4GiB (default: the task's own)")
-    s.add_argument("--max-restarts", type=int, default=-1, help="crash restarts before FAILED (default: agent's)")
-    s.add_argument("--checkpoint-interval", type=float, default=0.0, metavar="SECONDS")
+    s.add_argument("--priority", type=whole(0, 100), default=0, metavar="0..100",
+                   help="higher runs first (default: the task's own)")
+    s.add_argument("--mem", default="", metavar="SIZE",
+                   help="memory cap, e.g. 4GiB; left out: the task's own (its mem_limit_bytes, else none)")
+    s.add_argument("--max-restarts", type=whole(0, 1000, hint="; leave it out for the agent's default"), default=None,
+                   metavar="0..1000",
+                   help="crash restarts before FAILED (default: the agent's --max-restarts)")
+    s.add_argument("--checkpoint-interval", type=seconds(0, 7 * 86400), default=0.0, metavar="SECONDS",
+                   help="periodic checkpoint interval (default: the agent's --checkpoint-interval-s)")
     s.add_argument("--no-mps", action="store_true",
                    help="run outside MPS, time-sliced: for untrusted tasks (an MPS client's GPU fault reaches all)")
     s.set_defaults(func=commands.cmd_submit)
@@ -86,7 +93,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
     commands.add_gpu_args(doc)
-    doc.add_argument("--gpu", type=int, help="GPU index to check (env FREERIDE_GPU)")
+    doc.add_argument("--gpu", type=whole(0), help="GPU index to check (env FREERIDE_GPU)")
     doc.add_argument("--state-dir", type=Path, help="the agent's state dir (env FREERIDE_STATE_DIR)")
     doc.add_argument("--socket", type=Path, help="the agent's socket path (env FREERIDE_SOCKET)")
     doc.add_argument("--json", action="store_true", help="print JSON")
@@ -99,14 +106,14 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     top = sub.add_parser("top", help="a live view of tasks and GPUs (Ctrl-C to quit)")
     add_agent_args(top)
     top.add_argument("--once", action="store_true", help="print one frame and exit")
-    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+    top.add_argument("--interval", type=seconds(0, above=True), default=1.0, metavar="SECONDS",
                      help="redraw at least this often (events redraw sooner; default 1)")
     top.set_defaults(func=top_view.cmd_top)
 
     h = sub.add_parser("health", help="exit 0 when the agent serves (for probes: systemd, Kubernetes, Slurm)")
     add_agent_args(h)
-    h.add_argument("--timeout-s", type=float, default=5.0, help="give up after this long (default 5)")
-    h.add_argument("--wait-s", type=float, default=0.0, help="first wait up to this long for the agent to come up")
+    h.add_argument("--timeout-s", type=seconds(0, above=True), default=5.0, help="give up after this long (default 5)")
+    h.add_argument("--wait-s", type=seconds(0), default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=commands.cmd_health)
 
     pool = sub.add_parser("pool", help="work pools on Redis: create, status, retry-failed, delete")
@@ -134,6 +141,8 @@ def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> in
         )().startswith("the agent"):
             return _fail(f"no agent answers at {getattr(ns, 'target', 'the agent address')}: {_AGENT_HINT}")
         return _fail(exc.details() if hasattr(exc, "details") else str(exc))
+    except BrokenPipeError:
+        raise  # not an error to report: main() ends quietly
     except OSError as exc:
         where = f" {exc.filename}" if exc.filename else ""
         return _fail(f"{exc.strerror or exc}:{where}")
@@ -142,6 +151,17 @@ def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> in
 
 
 def main(argv: Sequence[str] | None = None, more: AddCommands | None = None) -> int:
+    try:
+        code = _main(argv, more)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head`) is caught below
+    except BrokenPipeError:
+        # The reader of stdout stopped reading: end quietly, as a Unix tool killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit goes nowhere
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None, more: AddCommands | None) -> int:
     parser = build_parser(more)
     ns = parser.parse_args(argv)
     level = getattr(logging, str(ns.log_level).upper(), None)

@@ -10,19 +10,21 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpc_health.v1 import health_pb2
-from rich.console import Console
-from rich.table import Table
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.cli import _agents, multi
-from freeride.cli.common import UsageError, absolute_ref, message_dict, print_json
+from freeride.cli.common import UsageError, absolute_ref, console, message_dict, print_json, table
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.secrets import mask
 from freeride.core.units import format_seconds, format_size, parse_size
 from freeride.v1 import tasks_pb2
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 # -- agent ----------------------------------------------------------------------------------------
@@ -159,30 +161,43 @@ def one_client(ns: argparse.Namespace) -> AgentClient:
     return _agents.one(ns)
 
 
-def cmd_submit(ns: argparse.Namespace) -> int:
+def task_args(pairs: Iterable[str]) -> dict[str, str]:
+    """`key=value` words as the task's arguments; a word without `=` or a key given twice is a usage error."""
     args: dict[str, str] = {}
-    for pair in ns.args:
+    for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"task argument {pair!r} must be key=value")
+        if key in args:
+            raise UsageError(f"task argument {key!r} is given twice ({key}={args[key]}, {pair}); give it once")
         args[key] = value
-    mem = parse_size(ns.mem) if ns.mem else 0
+    return args
+
+
+def mem_cap_bytes(text: str) -> int:
+    """--mem as bytes; left out ("") is 0 on the wire: the task's own cap. `--mem 0` is refused, not read
+    as "no cap": a task that declares a cap keeps it."""
+    if not text:
+        return 0
+    mem = parse_size(text)
+    if mem <= 0:
+        raise UsageError(f"--mem {text} is no memory cap: give a size like 4GiB, or leave --mem out for the "
+                         "task's own cap")
+    return mem
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
     spec = tasks_pb2.TaskSpec(
-        name=ns.name, ref=absolute_ref(ns.ref), args=args, priority=ns.priority, mem_limit_bytes=mem,
-        max_restarts=ns.max_restarts if ns.max_restarts >= 0 else None,
+        name=ns.name, ref=absolute_ref(ns.ref), args=task_args(ns.args), priority=ns.priority,
+        mem_limit_bytes=mem_cap_bytes(ns.mem), max_restarts=ns.max_restarts,
         checkpoint_interval_s=ns.checkpoint_interval, no_mps=ns.no_mps,
     )
-    if not 0 <= ns.priority <= 100:
-        raise UsageError(f"--priority must be between 0 and 100, got {ns.priority}")
     agents = _agents.resolve(ns)
-    if agents.multi:
+    if agents.multi or ns.json:
         return multi.cmd_submit(ns, agents, spec)
     with one_client(ns) as c:
         info = c.submit(spec)
-    if ns.json:
-        print_json(info)
-    else:
-        print(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
+    print(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
     return 0
 
 
@@ -194,22 +209,18 @@ def cmd_ls(ns: argparse.Namespace) -> int:
             raise UsageError(f"unknown state {name!r}; one of {', '.join(known)}")
         states.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}"))
     agents = _agents.resolve(ns)
-    if agents.multi:
+    if agents.multi or ns.json:
         return multi.cmd_ls(ns, agents, states)
     with one_client(ns) as c:
         tasks = c.list(states)
-    if ns.json:
-        print_json([message_dict(t) for t in tasks])
-        return 0
-    table = Table(title=f"tasks on {ns.target}")
-    for col in ("id", "name", "state", "prio", "steps", "harvested", "progress", "restarts", "reason"):
-        table.add_column(col)
+    out = table(f"tasks on {ns.target}",
+                "id", "name", "state", "prio", "steps", "harvested", "progress", "restarts", "reason")
     for t in tasks:
-        table.add_row(
+        out.add_row(
             t.id, t.spec.name, STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
             format_seconds(t.counters.harvested_s), progress_text(t.progress), str(t.restarts), t.reason,
         )
-    Console().print(table)
+    console().print(out)
     return 0
 
 
@@ -217,7 +228,7 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
     with _agents.owner(ns, ns.task_id) as c:
         info = {"show": c.get, "cancel": c.cancel, "pause": c.pause, "resume": c.resume}[ns.action](ns.task_id)
     if ns.json:
-        print_json(info)
+        print_json({**message_dict(info), "agent": ns.target})
         return 0
     if ns.action != "show":
         print(f"task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
@@ -240,12 +251,11 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
         ("submitted", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created_unix_s))),
     ]
     rows += [(f"progress.{k}", f"{v:g}") for k, v in sorted(info.progress.items())]
-    table = Table(show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    out = table(None, "", "", show_header=False)
+    out.columns[0].style = "bold"
     for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
+        out.add_row(k, v)
+    console().print(out)
     return 0
 
 
@@ -265,34 +275,25 @@ def cmd_health(ns: argparse.Namespace) -> int:
 
 def cmd_stats(ns: argparse.Namespace) -> int:
     agents = _agents.resolve(ns)
-    if agents.multi:
+    if agents.multi or ns.json:
         return multi.cmd_stats(ns, agents)
     with one_client(ns) as c:
         stats = c.stats()
     g = stats.gpu
-    if ns.json:
-        out = multi.stats_dict(stats)
-        for t, info in zip(out.get("tasks", []), stats.tasks, strict=True):
-            t["counters"]["efficiency"] = info.counters.harvested_s / g.bubble_s if g.bubble_s else 0.0
-        print_json(out)
-        return 0
-    console = Console()
-    gt = Table(title=f"GPU {g.gpu} ({ns.target}), up {format_seconds(g.uptime_s)}, {g.trainers} trainer stream(s)")
-    for col in ("bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns", "prediction error p50"):
-        gt.add_column(col)
+    con = console()
+    gt = table(f"GPU {g.gpu} ({ns.target}), up {format_seconds(g.uptime_s)}, {g.trainers} trainer stream(s)",
+               "bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns", "prediction error p50")
     gt.add_row(
         str(g.bubbles), format_seconds(g.bubble_s), format_seconds(g.harvested_s),
         f"{g.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-", str(g.steps),
         f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", f"{g.prediction_error_p50:.1%}",
     )
-    console.print(gt)
-    console.print(_memory_table(g.memory))
+    con.print(gt)
+    con.print(_memory_table(g.memory))
     if g.trainer_streams:
-        console.print(_trainers_table(g.trainer_streams))
-    tt = Table(title="tasks")
-    for col in ("id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95", "memory",
-                "progress"):
-        tt.add_column(col)
+        con.print(_trainers_table(g.trainer_streams))
+    tt = table("tasks", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95",
+               "memory", "progress")
     for t in stats.tasks:
         cnt = t.counters
         tt.add_row(
@@ -302,15 +303,13 @@ def cmd_stats(ns: argparse.Namespace) -> int:
             f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
             progress_text(t.progress),
         )
-    console.print(tt)
+    con.print(tt)
     return 0
 
 
 def _trainers_table(streams: Iterable[tasks_pb2.TrainerStream]) -> Table:
     """One row per open trainer stream: the road its edges take (shm: the same-host ring) and what came."""
-    t = Table(title="trainers")
-    for col in ("rank", "stage", "path", "edges", "rejected", "dropped", "peer"):
-        t.add_column(col)
+    t = table("trainers", "rank", "stage", "path", "edges", "rejected", "dropped", "peer")
     for s in sorted(streams, key=lambda s: (s.rank, s.stage, s.peer)):
         t.add_row(str(s.rank), str(s.stage), s.path, str(s.edges), str(s.rejected), str(s.dropped), s.peer)
     return t
@@ -318,10 +317,9 @@ def _trainers_table(streams: Iterable[tasks_pb2.TrainerStream]) -> Table:
 
 def _memory_table(m: tasks_pb2.GpuMemory) -> Table:
     where = f"{m.name} ({m.uuid}), compute mode {m.compute_mode}" if m.mode != "cpu" else "CPU mode: resident memory"
-    t = Table(title=f"memory: {where}, MPS {m.mps or 'off'}" + (" [fake GPU]" if m.mode == "fake" else ""))
-    for col in ("total", "used", "free", "trainer & others", "trainer peak", "side tasks (now / reserved)",
-                "usable for side tasks", "waiting"):
-        t.add_column(col)
+    t = table(f"memory: {where}, MPS {m.mps or 'off'}" + (" [fake GPU]" if m.mode == "fake" else ""),
+              "total", "used", "free", "trainer & others", "trainer peak", "side tasks (now / reserved)",
+              "usable for side tasks", "waiting")
     t.add_row(
         format_size(m.total_bytes), format_size(m.used_bytes), format_size(m.free_bytes),
         format_size(m.others_used_bytes), format_size(m.trainer_peak_bytes),

@@ -1,4 +1,8 @@
-"""`ls` and `stats` over several agents (a row per agent, and totals), and `submit` to each of them."""
+"""`ls` and `stats` over several agents (a row per agent, and totals), and `submit` to each of them.
+
+Their `--json` has one shape whatever the number of agents (one agent is a list of one), so that a script
+written against one agent works against many: see docs/operations.md, *The CLI's output*.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from rich.console import Console
-from rich.table import Table
 
 from freeride.cli import _agents
-from freeride.cli.common import message_dict, print_json
+from freeride.cli.common import console, message_dict, print_json, table
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
 
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
 BUBBLE_PATHS = ("shm", "grpc")  # the roads a trainer's edges take (freeride.agent.trainers)
-_STREAM_COUNTERS = ("edges", "rejected", "dropped")  # uint64: proto JSON would print them as strings
 
 
 def trainer_paths(streams: Iterable[tasks_pb2.TrainerStream]) -> dict[str, int]:
@@ -41,12 +42,12 @@ def trainers_text(count: int, paths: Mapping[str, int]) -> str:
 
 
 def stats_dict(stats: tasks_pb2.StatsResponse) -> dict[str, Any]:
-    """Stats as `--json` prints them: the trainer streams' counters as numbers, efficiency added."""
+    """One agent's stats as `--json` prints them: efficiency added for the GPU and for each task (its share of
+    the bubble time)."""
     out = message_dict(stats)
-    for t in out["gpu"].get("trainer_streams", []):
-        for name in _STREAM_COUNTERS:
-            t[name] = int(t[name])
     out["gpu"]["efficiency"] = _ratio(stats.gpu.harvested_s, stats.gpu.bubble_s)
+    for t, info in zip(out["tasks"], stats.tasks, strict=True):
+        t["counters"]["efficiency"] = _ratio(info.counters.harvested_s, stats.gpu.bubble_s)
     return out
 
 
@@ -69,18 +70,11 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
     stats = [s for _, s in rows]
     total = totals(stats)
     if ns.json:
-        per_agent = []
-        for target, s in rows:
-            d = stats_dict(s)
-            d["target"] = target
-            per_agent.append(d)
-        print_json({"agents": per_agent, "total": total})
+        print_json({"agents": [{**stats_dict(s), "agent": target} for target, s in rows], "total": total})
         return 0
-    console = Console()
-    gt = Table(title=f"{len(rows)} agents")
-    for col in ("gpu", "agent", "trainers", "bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns",
-                "tasks"):
-        gt.add_column(col)
+    con = console()
+    gt = table(f"{len(rows)} agents", "gpu", "agent", "trainers", "bubbles", "bubble time", "harvested", "efficiency",
+               "steps", "overruns", "tasks")
     for target, s in rows:
         g = s.gpu
         gt.add_row(
@@ -96,10 +90,8 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
         str(total["steps"]),
         f"{total['overrun_steps']} ({format_seconds(total['overrun_s'])})", str(total["tasks"]),
     )
-    console.print(gt)
-    tt = Table(title="tasks")
-    for col in ("gpu", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns"):
-        tt.add_column(col)
+    con.print(gt)
+    tt = table("tasks", "gpu", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns")
     for _, s in rows:
         for t in s.tasks:
             cnt = t.counters
@@ -108,29 +100,23 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
                 format_seconds(cnt.harvested_s), f"{_ratio(cnt.harvested_s, s.gpu.bubble_s):.1%}",
                 f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})",
             )
-    console.print(tt)
+    con.print(tt)
     return 0
 
 
 def cmd_ls(ns: argparse.Namespace, agents: _agents.AgentSet, states: list[Any]) -> int:
     rows = [(target, t) for target, tasks in _agents.each(ns, agents, lambda c: c.list(states)) for t in tasks]
     if ns.json:
-        out = []
-        for target, t in rows:
-            d = message_dict(t)
-            d["agent"] = target
-            out.append(d)
-        print_json(out)
+        print_json([{**message_dict(t), "agent": target} for target, t in rows])
         return 0
-    table = Table(title=f"tasks on {len(agents.targets)} agents")
-    for col in ("agent", "id", "name", "state", "prio", "steps", "harvested", "restarts", "reason"):
-        table.add_column(col)
+    out = table(f"tasks on {len(agents.targets)} agents",
+                "agent", "id", "name", "state", "prio", "steps", "harvested", "restarts", "reason")
     for target, t in rows:
-        table.add_row(
+        out.add_row(
             target, t.id, t.spec.name, STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
             format_seconds(t.counters.harvested_s), str(t.restarts), t.reason,
         )
-    Console().print(table)
+    console().print(out)
     return 0
 
 

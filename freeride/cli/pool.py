@@ -8,22 +8,20 @@ URL's credentials and any `?password=` are masked, and masked again in whatever 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from freeride.cli.common import UsageError, print_json
+from freeride.cli.common import UsageError, console, print_json
 from freeride.core.secrets import scrub, secrets_in
 from freeride.core.units import format_seconds
 from freeride.errors import FreerideError, PoolError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from freeride.pool import Pool, PoolItem, PoolStatus
 
 # freeride.pool's defaults, repeated here so that `--help` needs no redis (a test checks that they agree).
@@ -31,7 +29,6 @@ DEFAULT_LEASE_S = 30.0
 DEFAULT_MAX_TRIES = 3
 DEFAULT_DEAD_SHOWN = 10
 _ERROR_CHARS = 160  # a dead letter's error line in the table; --json has all of it
-_PIPED_WIDTH = 1000  # rich cuts tables to 80 columns when stdout is no terminal; a pipe gets whole rows
 
 URL_HELP = ("redis://[:PASSWORD@]HOST[:PORT][/DB]/NAME, rediss://… (TLS) or "
             "unix://[:PASSWORD@]/PATH/redis.sock/NAME[?db=N]")
@@ -208,9 +205,8 @@ def _io_share(busy_s: float, io_s: float) -> float:
 
 
 def _console() -> Console:
-    """Rich's console; piped output is not cut to 80 columns (an explicit COLUMNS still wins)."""
-    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
-    return Console(width=_PIPED_WIDTH if piped else None, markup=False)  # item ids and errors are not markup
+    """Rich's console (imported on use); piped output is not cut to 80 columns (an explicit COLUMNS still wins)."""
+    return console()  # item ids and errors are not markup there
 
 
 def _last_line(error: str) -> str:
@@ -225,6 +221,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
     if ns.json:
         print_json(status_dict(status))
         return 0
+    from rich.table import Table
+
     console = _console()
     s = status
     totals = Table(title=f"pool {s.url} (lease {s.lease_s:g} s, {s.max_tries} tries)")

@@ -11,20 +11,20 @@ import argparse
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from freeride.cli import _agents
 from freeride.cli.commands import progress_text
-from freeride.cli.common import UsageError
+from freeride.cli.common import UsageError, console
 from freeride.cli.multi import STATE_NAMES, totals, trainer_paths, trainers_text
 from freeride.client import AgentClient
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 _MIN_REDRAW_S = 0.25
 _STATE_STYLE = {"RUNNING": "green", "READY": "cyan", "FAILED": "red", "PAUSED": "yellow", "STARTING": "blue"}
@@ -48,7 +48,12 @@ def fetch(clients: list[AgentClient]) -> Frame:
     return Frame(rows, time.time())
 
 
-def render(frame: Frame) -> Group:
+def render(frame: Frame, expand: bool = True) -> Group:
+    """The view; `expand` spreads the tables over the terminal's width (not when piped)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     live = [s for _, s in frame.rows if s is not None]
     total = totals(live)
     head = Text(
@@ -57,11 +62,11 @@ def render(frame: Frame) -> Group:
         f"{format_seconds(total['bubble_s'])} bubble time ({total['efficiency']:.1%})",
         style="bold",
     )
-    gpus = Table(title="GPUs", title_justify="left", expand=True)
+    gpus = Table(title="GPUs", title_justify="left", expand=expand)
     for col in ("gpu", "agent", "up", "trainers", "bubbles", "bubble s", "harvested s", "efficiency", "steps",
                 "overruns"):
         gpus.add_column(col, justify="right" if col not in ("agent",) else "left")
-    tasks = Table(title="tasks", title_justify="left", expand=True)
+    tasks = Table(title="tasks", title_justify="left", expand=expand)
     for col in ("gpu", "id", "name", "state", "harvested s", "steps", "overrun", "progress"):
         tasks.add_column(col, justify="right" if col in ("harvested s", "steps", "overrun") else "left")
     for target, s in frame.rows:
@@ -116,22 +121,25 @@ def cmd_top(ns: argparse.Namespace) -> int:
         raise UsageError(f"--interval must be > 0 seconds, got {ns.interval}")
     agents = _agents.resolve(ns)
     clients = [_agents.client(ns, t) for t in agents.targets]
-    console = Console()
+    con = console()
+    expand = con.is_terminal
     try:
         frame = fetch(clients)
         if all(s is None for _, s in frame.rows):
             ns.target = agents.targets[0] if len(agents.targets) == 1 else "any of the agents"
             raise UsageError(f"no agent answers at {ns.target}; start one with `freeride agent`")
         if ns.once:
-            console.print(render(frame))
+            con.print(render(frame, expand))
             return 0
+        from rich.live import Live
+
         wake = _Wakeups(clients)
         try:
-            with Live(render(frame), console=console, auto_refresh=False, screen=False) as live:
+            with Live(render(frame, expand), console=con, auto_refresh=False, screen=False) as live:
                 while True:
                     wake.changed.wait(ns.interval)
                     wake.changed.clear()
-                    live.update(render(fetch(clients)), refresh=True)
+                    live.update(render(fetch(clients), expand), refresh=True)
                     time.sleep(_MIN_REDRAW_S)  # UI rate cap: bubbles can end hundreds of times a second
         except KeyboardInterrupt:
             return 0

@@ -8,7 +8,6 @@ from freeride.cli.app import add_agent_args, subcommands
 from freeride.tooling import timeline
 from freeride.tooling.bench import cli as bench_cli
 from freeride.tooling.demo import plan as demo_plan
-from freeride.tooling.demo import run as demo_run
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -17,4 +16,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     bench_cli.add_parsers(subcommands(b, "bench"))
     d = sub.add_parser("demo", help="the main demo: a real pipeline training a transformer, side tasks in its bubbles")
     demo_plan.add_args(d)
-    d.set_defaults(func=demo_run.cmd_demo)
+    d.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    """The demo, imported when it runs: every other command would pay ~30 ms (psutil, the harness) for it."""
+    from freeride.tooling.demo.run import cmd_demo
+
+    return cmd_demo(ns)

@@ -142,10 +142,12 @@ def test_json_outputs_parse_and_describe_the_task(agent, client):
     res = freeride("submit", f"{REL_TASKS}:Counter", "step_ms=1", "--name", "json-task", "--priority", "7",
                    "--mem", "1.5GiB", "--json", "--agent", agent.socket)
     assert res.returncode == 0, res.stderr
-    submitted = json.loads(res.stdout)
+    [answer] = json.loads(res.stdout)  # a list of one: the same shape as for several agents
+    assert answer["agent"] == agent.target and answer["error"] is None
+    submitted = answer["task"]
     task_id = submitted["id"]
     assert submitted["state"].startswith("TASK_STATE_")
-    assert submitted["spec"]["priority"] == 7 and int(submitted["spec"]["mem_limit_bytes"]) == 3 * 2**29
+    assert submitted["spec"]["priority"] == 7 and submitted["spec"]["mem_limit_bytes"] == 3 * 2**29
     wait_for_task(client, task_id, [READY])
 
     listed = json.loads(freeride("ls", "--json", "--agent", agent.socket).stdout)
@@ -158,7 +160,7 @@ def test_json_outputs_parse_and_describe_the_task(agent, client):
     shown = json.loads(freeride("show", task_id, "--json", "--agent", agent.socket).stdout)
     assert shown["id"] == task_id and shown["spec"]["ref"] == f"{TASKS}:Counter" and shown["kind"]
 
-    stats = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)
+    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     assert stats["gpu"]["efficiency"] == 0.0  # no bubbles yet: nothing to divide by
     assert [t["id"] for t in stats["tasks"]] == [task_id]
     assert stats["tasks"][0]["counters"]["efficiency"] == 0.0
@@ -191,7 +193,7 @@ def two_ranks(agent: AgentProcess) -> Iterator[tuple[BubbleReporter, BubbleRepor
 def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two_ranks):
     assert [r.path for r in two_ranks] == ["shm", "grpc"]
     wait_for_trainers(client, 2)
-    stats = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)
+    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     assert stats["gpu"]["trainers"] == 2
     streams = sorted(stats["gpu"]["trainer_streams"], key=lambda t: t["rank"])
     assert [(t["rank"], t["stage"], t["path"]) for t in streams] == [(0, 0, "shm"), (1, 1, "grpc")]
@@ -215,7 +217,8 @@ def test_stats_leaves_the_trainers_table_out_when_no_trainer_is_connected(agent)
     res = freeride("stats", "--agent", agent.socket)
     assert res.returncode == 0, res.stderr
     assert "0 trainer stream(s)" in res.stdout and "┃ rank " not in res.stdout, res.stdout  # no trainers table
-    assert json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["gpu"]["trainer_streams"] == []
+    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
+    assert stats["gpu"]["trainer_streams"] == []
 
 
 def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tmp_path):
@@ -226,7 +229,7 @@ def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tm
             assert reporter.path == "grpc"
             with proc.client() as client:
                 wait_for_trainers(client, 1)
-            stats = json.loads(freeride("stats", "--json", "--agent", proc.socket).stdout)
+            [stats] = json.loads(freeride("stats", "--json", "--agent", proc.socket).stdout)["agents"]
             assert [t["path"] for t in stats["gpu"]["trainer_streams"]] == ["grpc"]
             assert not list(proc.socket.parent.glob("ring-*")), "a ring for an agent that keeps edges on gRPC"
         finally:

@@ -127,7 +127,7 @@ def test_mps_workers_get_client_settings_untrusted_ones_none_and_a_capped_one_is
                  "--mem", "1GiB", spec("EnvDump").ref, f"path={tmp_path / 'u.json'}"],
                 capture_output=True, text=True, timeout=60, check=True,
             )
-            untrusted = c.get(json.loads(cli.stdout)["id"])
+            untrusted = c.get(json.loads(cli.stdout)[0]["task"]["id"])
             for t in (trusted, untrusted):
                 wait_for_task(c, t.id, LIVE)
             env = json.loads((tmp_path / "t.json").read_text())["env"]

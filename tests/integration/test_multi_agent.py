@@ -8,6 +8,7 @@ import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ def test_stats_over_repeated_agents_has_a_row_per_agent_and_totals(two):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert [a["gpu"]["gpu"] for a in out["agents"]] == [0, 1]
-    assert [a["target"] for a in out["agents"]] == [p.target for p in procs]
+    assert [a["agent"] for a in out["agents"]] == [p.target for p in procs]
     per = [p.client().stats() for p in procs]
     total = out["total"]
     assert total["agents"] == 2 and total["tasks"] == 3
@@ -65,7 +66,7 @@ def test_all_finds_every_socket_in_the_runtime_directory(two):
     root, procs = two
     env = _env(FREERIDE_SOCKET_DIR=str(root))
     stats = json.loads(freeride("stats", "--all", "--json", env=env).stdout)
-    assert [a["target"] for a in stats["agents"]] == [p.target for p in procs]
+    assert [a["agent"] for a in stats["agents"]] == [p.target for p in procs]
     tasks = json.loads(freeride("ls", "--all", "--json", env=env).stdout)
     assert sorted((t["agent"], t["spec"]["name"]) for t in tasks) == [
         (procs[0].target, "a0"), (procs[1].target, "b1"), (procs[1].target, "b2")]
@@ -132,11 +133,18 @@ def test_top_runs_live_in_a_terminal_and_ctrl_c_exits_cleanly(two):
         os.close(leader)
 
 
+def _stale_socket(path: Path) -> None:
+    """A socket file nobody listens on, as an agent killed with -9 leaves it."""
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()
+
+
 def test_all_skips_a_stale_socket_with_a_warning(two, tmp_path):
     _root, procs = two
     for p in procs:
         (tmp_path / p.socket.name).symlink_to(p.socket)
-    (tmp_path / "agent-gpu9.sock").touch()  # left behind by an agent that died
+    _stale_socket(tmp_path / "agent-gpu9.sock")  # left behind by an agent that died
     res = freeride("stats", "--all", "--json", env=_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["agents"]) == 2
@@ -193,7 +201,7 @@ def test_submit_all_says_which_agent_refused_and_the_others_keep_theirs(pair, tm
     before = _names(procs)
     for p in procs:
         (tmp_path / p.socket.name).symlink_to(p.socket)
-    (tmp_path / "agent-gpu7.sock").touch()  # left behind by an agent that died
+    _stale_socket(tmp_path / "agent-gpu7.sock")  # left behind by an agent that died
     res = freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "partly",
                    env=_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
     assert res.returncode == 2

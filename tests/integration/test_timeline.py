@@ -99,6 +99,6 @@ def test_ls_show_and_stats_show_each_tasks_latest_progress(running):
     assert "count=" in freeride("ls", "--agent", agent.socket).stdout
     listed = json.loads(freeride("ls", "--json", "--agent", agent.socket).stdout)
     shown = json.loads(freeride("show", task_id, "--json", "--agent", agent.socket).stdout)
-    stats = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)
+    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     for info in (listed[0], shown, stats["tasks"][0]):
         assert info["progress"]["count"] >= counted  # the latest: it only grows while the trainer runs
