@@ -22,6 +22,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# On a CPU one stage per core (the demo's stand-in for one GPU per stage), four at most.
+STAGES = min(4, len(os.sched_getaffinity(0)))
 REPORT_KEYS = {"config", "training_s", "step_ms", "slowdown", "loss", "bubble_s", "harvested_s", "efficiency",
                "stages", "tasks", "timeline_png", "report_json", "wall_s"}
 
@@ -50,7 +52,7 @@ class Demo:
             # One side task per stage (not every task on every stage): the same code paths, half the start-up.
             # Workers at normal CPU priority: on a loaded CI runner, low-priority ones may get no CPU at all.
             [sys.executable, "-m", "freeride", "demo", "--quick", "--placement", "spread", "--worker-nice", "0",
-             "--json", "--out", str(self.out), *args],
+             "--worker-sched", "other", "--json", "--out", str(self.out), *args],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -126,7 +128,8 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
     assert report["slowdown"] == pytest.approx(steps["harvest_median"] / steps["baseline_median"] - 1, abs=1e-3)
 
     # Each stage had bubbles, and side tasks used part of them; each task moved on.
-    assert len(report["stages"]) == 4
+    assert len(report["stages"]) == STAGES
+    assert report["config"]["cpus"] == sorted(os.sched_getaffinity(0))[:STAGES]
     for stage in report["stages"]:
         assert stage["bubble_s"] > 0 and stage["harvested_s"] > 0, stage
         assert 0 < stage["efficiency"] <= 1
@@ -147,7 +150,8 @@ def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     d = demo()
     d.wait_for_line("iteration 1:", timeout_s=90)  # training is running: ranks, agents and workers are all up
     running = _marked(d.mark)
-    assert len(running) >= 1 + 4 + 4 + 4, [p.cmdline()[:5] for p in running]  # demo, 4 agents, 4+ workers, 4 ranks
+    # the demo, an agent, a worker or more and a rank per stage
+    assert len(running) >= 1 + 3 * STAGES, [p.cmdline()[:5] for p in running]
     d.proc.send_signal(signal.SIGINT)
     code, stdout = d.finish(timeout_s=30)
     stderr = "".join(d.stderr)
@@ -164,6 +168,16 @@ def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     (["--out", "."], ["exists and is not empty"]),
 ])
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, argv, words):
+    _refused(tmp_path, argv, words)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 8, reason="every stage count the demo takes fits these cores")
+def test_on_a_cpu_more_stages_than_cores_is_refused(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    _refused(tmp_path, ["--stages", str(cores + 1)], [f"--stages {cores + 1}", "needs a core of its own"])
+
+
+def _refused(tmp_path, argv, words):
     (tmp_path / "something").write_text("")
     res = subprocess.run([sys.executable, "-m", "freeride", "demo", *argv], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -56,6 +56,7 @@ class PipelineConfig:
     seq_len: int = 64
     device: str = "cpu"  # "cuda": each rank on GPU LOCAL_RANK (mod the GPU count), NCCL between ranks
     bubble_path: str = ""  # the ranks' $FREERIDE_BUBBLE_PATH ("auto" or "grpc"); "": the environment's
+    cpus: tuple[int, ...] = ()  # rank r runs on CPU cpus[r % len(cpus)] (the demo: one core per stage); (): any
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -412,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--progress-fd", type=int, default=-1, help="write one JSON line per iteration here")
     ns = p.parse_args(argv)
-    cfg = PipelineConfig(**json.loads(ns.config))
+    raw = json.loads(ns.config)
+    cfg = PipelineConfig(**{**raw, "cpus": tuple(raw.get("cpus", ()))})
+    if cfg.cpus:  # before torch starts its threads: they all inherit it
+        os.sched_setaffinity(0, {cfg.cpus[ns.rank % len(cfg.cpus)]})
     # SIGTERM from the parent: leave through KeyboardInterrupt, as on Ctrl-C, without a traceback.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     progress = os.fdopen(ns.progress_fd, "w") if ns.progress_fd >= 0 else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,10 @@ SIDE_TASKS = (
     SideTask("thumbnails", "sidetasks.images:Thumbnails", {"out_dir": "{out}/thumbnails-stage{stage}", **_SMALL_STEPS}),
 )
 
+_STAGES = 4  # stages by default (on a CPU: at most one per core)
+_BLOCKS = 8  # transformer blocks in all, split across the stages by default
+_DEFAULT_SCHED = "idle"
+
 # Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
 _FULL = {"warmup": 4, "block": 8, "blocks": 6}
 _QUICK = {"warmup": 3, "block": 3, "blocks": 4}
@@ -40,10 +45,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, help="iterations per baseline or harvest block (default 8; quick 3)")
     p.add_argument("--blocks", type=int, help="baseline and harvest blocks, alternating (even; default 6; quick 4)")
     p.add_argument("--warmup", type=int, help="iterations before the first block, the agents learning bubbles")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages, one process and one agent each")
+    p.add_argument("--stages", type=int,
+                   help="pipeline stages, one process and one agent each (default 4; on a CPU at most one per core)")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--dim", type=int, default=128, help="transformer width")
-    p.add_argument("--layers-per-stage", type=int, default=2)
+    p.add_argument("--layers-per-stage", type=int, help="transformer blocks per stage (default: 8 in all)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -51,8 +57,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=["all", "spread"], default="all",
                    help="every side task on every stage (default; ~3.5 GB), or one per stage round robin (~1.5 GB)")
     p.add_argument("--worker-nice", type=int, default=19, choices=range(0, 20), metavar="0..19",
-                   help="CPU niceness of side-task workers in CPU mode (default 19: the CPU's low-priority stream; "
-                        "0: they compete with training as equals)")
+                   help="CPU niceness of side-task workers (the agents' --worker-nice; default 19; 0: they compete "
+                        "with training as equals)")
+    p.add_argument("--worker-sched", choices=["other", "idle"], default=_DEFAULT_SCHED,
+                   help=f"the agents' --worker-sched (default {_DEFAULT_SCHED}; idle: SCHED_IDLE, the CPU's "
+                        "low-priority MPS client)")
     p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
@@ -65,6 +74,9 @@ class Plan:
     tasks: dict[int, list[SideTask]]  # stage -> its side tasks
     out_dir: Path
     worker_nice: int
+    worker_sched: str
+    # CPU mode: stage s (its rank and its agent's workers) runs on core cpus[s]; empty with --device cuda
+    cpus: tuple[int, ...] = ()
 
     def phase(self, iteration: int) -> str:
         cfg = self.pipeline
@@ -85,9 +97,9 @@ def make_plan(ns: argparse.Namespace) -> Plan:
         raise UsageError("--block must be at least 1 and --warmup at least 0")
     if sizes["blocks"] < 2 or sizes["blocks"] % 2:
         raise UsageError(f"--blocks must be even and at least 2 (baseline and harvest alternate): {sizes['blocks']}")
-    if not 2 <= ns.stages <= 8:
-        raise UsageError(f"--stages must be between 2 and 8, got {ns.stages}")
-    if ns.microbatches < 1 or ns.dim < 8 or ns.dim % 4 or ns.layers_per_stage < 1 or ns.seq_len < 8:
+    stages, cpus = _stages_and_cpus(ns)
+    layers = ns.layers_per_stage if ns.layers_per_stage is not None else max(1, _BLOCKS // stages)
+    if ns.microbatches < 1 or ns.dim < 8 or ns.dim % 4 or layers < 1 or ns.seq_len < 8:
         raise UsageError("model sizes must be positive: --microbatches >= 1, --dim a multiple of 4 >= 8, "
                          "--layers-per-stage >= 1, --seq-len >= 8")
     if ns.device == "cuda":
@@ -99,13 +111,30 @@ def make_plan(ns: argparse.Namespace) -> Plan:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"--out {out_dir} exists and is not empty; give a new directory")
     cfg = PipelineConfig(
-        schedule="1F1B", stages=ns.stages, microbatches=ns.microbatches, model="transformer", dim=ns.dim,
-        layers_per_stage=ns.layers_per_stage, heads=4, seq_len=ns.seq_len, microbatch_size=ns.microbatch_size,
+        schedule="1F1B", stages=stages, microbatches=ns.microbatches, model="transformer", dim=ns.dim,
+        layers_per_stage=layers, heads=4, seq_len=ns.seq_len, microbatch_size=ns.microbatch_size,
         iterations=sizes["warmup"] + sizes["block"] * sizes["blocks"], warmup=sizes["warmup"], block=sizes["block"],
-        alternate=True, instrument=True, record=True, device=ns.device,
+        alternate=True, instrument=True, record=True, device=ns.device, cpus=cpus,
     )
     if ns.placement == "all":
-        tasks = {s: list(SIDE_TASKS) for s in range(ns.stages)}
+        tasks = {s: list(SIDE_TASKS) for s in range(stages)}
     else:
-        tasks = {s: [SIDE_TASKS[s % len(SIDE_TASKS)]] for s in range(ns.stages)}
-    return Plan(cfg, tasks, out_dir.absolute(), ns.worker_nice)
+        tasks = {s: [SIDE_TASKS[s % len(SIDE_TASKS)]] for s in range(stages)}
+    return Plan(cfg, tasks, out_dir.absolute(), ns.worker_nice, ns.worker_sched, cpus)
+
+
+def _stages_and_cpus(ns: argparse.Namespace) -> tuple[int, tuple[int, ...]]:
+    """The stage count and, on a CPU, each stage's core: a stage stands for one GPU, so it gets a core of its own
+    (its rank and its agent's workers pinned there); more stages than cores would measure contention instead."""
+    if ns.stages is not None and not 2 <= ns.stages <= 8:
+        raise UsageError(f"--stages must be between 2 and 8, got {ns.stages}")
+    if ns.device == "cuda":
+        return ns.stages or _STAGES, ()
+    cores = sorted(os.sched_getaffinity(0))
+    stages = ns.stages or max(2, min(_STAGES, len(cores)))
+    if stages > len(cores):
+        raise UsageError(f"--stages {stages}: this host lets the demo use {len(cores)} CPU core(s), and on a CPU each "
+                         f"stage stands for one GPU and needs a core of its own; use --stages {len(cores)} or fewer"
+                         if len(cores) >= 2 else "the demo needs at least 2 CPU cores (one per pipeline stage) "
+                         "or --device cuda")
+    return stages, tuple(cores[:stages])

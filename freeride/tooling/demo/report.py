@@ -27,6 +27,10 @@ def intro(plan: Plan) -> str:
     cfg = plan.pipeline
     names = sorted({t.name for ts in plan.tasks.values() for t in ts})
     theory = (cfg.stages - 1) / (cfg.microbatches + cfg.stages - 1)
+    how = "at SCHED_IDLE" if plan.worker_sched == "idle" else f"at nice {plan.worker_nice}"
+    where = (f"On this CPU each stage stands for one GPU: its rank and its agent's side-task workers ({how}) share "
+             f"one core (stage:core {', '.join(f'{s}:{c}' for s, c in enumerate(plan.cpus))}).\n"
+             if plan.cpus else "")
     return (
         f"[bold]freeride demo[/]: {cfg.stages}-stage 1F1B pipeline (torch.distributed.pipelining, "
         f"{'gloo on CPU' if cfg.device == 'cpu' else 'NCCL on GPUs'}) training a byte-level transformer "
@@ -34,7 +38,7 @@ def intro(plan: Plan) -> str:
         f"{cfg.microbatches} micro-batches: each stage idles ~{theory:.0%} of a step.\n"
         f"One agent per stage; side tasks in the bubbles: {', '.join(names)}. {cfg.iterations} iterations: "
         f"{cfg.warmup} warm-up, then blocks of {cfg.block} alternating baseline (bubbles not reported, side "
-        f"tasks idle) and harvest.\nOutput: {plan.out_dir}"
+        f"tasks idle) and harvest.\n{where}Output: {plan.out_dir}"
     )
 
 
@@ -93,6 +97,7 @@ def build(plan: Plan, ranks: list[dict[str, Any]], losses: list[float],
             "model": {"kind": "byte-level transformer", "blocks": cfg.stages * cfg.layers_per_stage, "dim": cfg.dim,
                       "heads": cfg.heads, "seq_len": cfg.seq_len, "microbatch_size": cfg.microbatch_size},
             "iterations": cfg.iterations, "warmup": cfg.warmup, "block": cfg.block, "worker_nice": plan.worker_nice,
+            "worker_sched": plan.worker_sched, "cpus": list(plan.cpus),
             "side_tasks": {str(s): [t.ref for t in ts] for s, ts in plan.tasks.items()},
         },
         "training_s": round(train_s, 2),
@@ -171,6 +176,17 @@ def show(console: Console, r: dict[str, Any]) -> None:
         f"reported bubbles; side tasks used {format_seconds(r['harvested_s'])} of it ({r['efficiency']:.1%}).\n"
         f"Timeline: {r['timeline_png']}\nReport:   {r['report_json']}   (whole demo: {r['wall_s']:.0f} s)"
     )
+    if r["config"]["cpus"]:
+        console.print(f"[dim]{CPU_CAVEAT}[/]")
+
+
+CPU_CAVEAT = (
+    "On a CPU the demo shows the mechanism, not the GPU numbers: each stage's core idles in its bubbles as a GPU "
+    "would, and side tasks run only there, at the lowest CPU priority. What it cannot isolate is what cores share: "
+    "caches, memory bandwidth, the agents and this program, so a few % of slowdown is the floor here, and it "
+    "swings with whatever else the machine runs. On GPUs MPS client priority does the isolation "
+    "(`freeride bench overhead` measures it)."
+)
 
 
 def _shown_iterations(plan: Plan, ranks: list[dict[str, Any]], lanes: list[plot.Lane]) -> range:

@@ -23,7 +23,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -49,9 +48,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     plan = make_plan(ns)
     console = Console(stderr=ns.json)
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    # Each process of the demo gets one BLAS thread: they share this machine's cores.
+    # Each process of the demo gets one BLAS thread: on a CPU a stage's rank and workers share one core.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+        if plan.cpus:
+            os.environ[var] = "1"
+        else:
+            os.environ.setdefault(var, "1")
     try:
         report = run(plan, console)
     except KeyboardInterrupt:
@@ -91,9 +93,14 @@ def _in_parallel(fns: list[Callable[[], T]]) -> list[T]:
 
 
 @contextlib.contextmanager
-def _agents(root: Path, stages: int, console: Console) -> Iterator[list[AgentProcess]]:
+def _agents(root: Path, plan: Plan, console: Console) -> Iterator[list[AgentProcess]]:
+    """One agent per stage; on a CPU its workers pinned to its stage's core, at the plan's priority."""
+    stages = plan.pipeline.stages
+    workers = ["--worker-nice", str(plan.worker_nice), "--worker-sched", plan.worker_sched]
     procs = [
-        AgentProcess(state_dir=root / f"state{s}", gpu=s, new_session=True, extra_args=["--shutdown-grace-s", "5"])
+        AgentProcess(state_dir=root / f"state{s}", gpu=s, new_session=True,
+                     extra_args=["--shutdown-grace-s", "5", *workers,
+                                 *(["--worker-cpus", str(plan.cpus[s])] if plan.cpus else [])])
         for s in range(stages)
     ]
     try:
@@ -108,7 +115,7 @@ def _agents(root: Path, stages: int, console: Console) -> Iterator[list[AgentPro
 
 
 def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[int, dict[str, tasks_pb2.TaskInfo]]:
-    """Every stage's side tasks, submitted and READY; workers reniced (CPU mode: idle cycles only)."""
+    """Every stage's side tasks, submitted and READY."""
     jobs: list[tuple[int, SideTask]] = [(s, t) for s, ts in plan.tasks.items() for t in ts]
 
     def submit(stage: int, task: SideTask) -> tasks_pb2.TaskInfo:
@@ -123,9 +130,6 @@ def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[in
     out: dict[int, dict[str, tasks_pb2.TaskInfo]] = {}
     for (stage, task), info in zip(jobs, infos, strict=True):
         out.setdefault(stage, {})[task.name] = info
-        if plan.worker_nice and plan.pipeline.device == "cpu" and info.pid:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(info.pid).nice(plan.worker_nice)
     return out
 
 
@@ -140,7 +144,7 @@ def run(plan: Plan, console: Console) -> dict[str, Any]:
     console.print(demo_report.intro(plan))
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="freeride-demo-")))
-        agents = stack.enter_context(_agents(root, cfg.stages, console))
+        agents = stack.enter_context(_agents(root, plan, console))
         log(f"{cfg.stages} agents up (sockets in {root})")
         clients = [stack.enter_context(a.client()) for a in agents]
         tasks = _submit(plan, clients, console)
