@@ -61,6 +61,7 @@ class _Share:
     task_id: str
     steps: list[tuple[int, int]] = field(default_factory=list)
     idle_since_ns: int = 0  # the worker's clock when it reported WindowDone (an instant); 0: it never did
+    killed_at_ns: int = 0  # its step hung past the window and was killed at this instant; 0: it was not
 
 
 @dataclass
@@ -276,6 +277,10 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None and task.window_id == window_id:
             task.counters.killed_steps += 1
+            w = self._windows.get(window_id)
+            share = next((s for s in reversed(w.shares) if s.task_id == task_id), None) if w is not None else None
+            if share is not None:
+                share.killed_at_ns = self._clock()  # the time it ran past the window is overrun (accounted)
             self._on_hang(task_id, window_id)
 
     # -- worker side -----------------------------------------------------------------------------
@@ -373,8 +378,12 @@ class Scheduler:
                     overrun += stop - max(start, end)
             c.steps += len(share.steps)
             c.harvested_ns += busy - overrun
+            window_overrun += overrun  # (the margin learns from steps that ran long, not from a hang)
+            if share.killed_at_ns:  # the hung step: from the bubble's end (or its own later start) to its kill
+                last_stop = max((start + duration for start, duration in share.steps), default=0)
+                c.overrun_steps += 1
+                overrun += max(0, share.killed_at_ns - max(end, last_stop))
             c.overrun_ns += overrun
-            window_overrun += overrun
             shares.append(Share(
                 task_id=share.task_id,
                 first_step_ns=share.steps[0][0] if share.steps else 0,

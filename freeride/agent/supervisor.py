@@ -379,6 +379,9 @@ class Supervisor:
             # The checkpoint it resumed from: after a kill -9 of the agent, the worker's last checkpoint
             # (taken when it lost the agent) never reached the ledger as a Checkpointed message.
             rec.checkpoint_steps = msg.resumed_steps
+            # Nor did the steps before it (the ledger is written behind, a lost window is never accounted):
+            # the task ran at least as many steps as it resumes from.
+            rec.counters.steps = max(rec.counters.steps, msg.resumed_steps)
             if rec.state is TaskState.STARTING:
                 # Keep why this worker was (re)started visible: a crash, an agent restart.
                 self._table.set_state(rec, TaskState.READY, rec.reason)
@@ -395,6 +398,10 @@ class Supervisor:
         elif isinstance(msg, Failed):
             worker.failure = msg.reason
             worker.retryable = msg.retryable
+            rt = self._table.live.get(task_id)
+            if rt is not None and rt.desired is not None and rec.state is rt.desired:
+                # Its checkpoint on pause or cancel failed: its exit is no crash, yet the user must hear of it.
+                self._table.set_reason(rec, f"{rec.reason}; its checkpoint failed: {msg.reason}")
         elif isinstance(msg, Waiting):
             self._on_waiting(rec, worker, msg)
 

@@ -22,7 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -46,6 +46,15 @@ _MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever
 
 class _CheckpointFormatError(Exception):
     """The task's checkpoint was written in a format this worker does not read."""
+
+
+class _CheckpointError(Exception):
+    """Taking, writing or restoring the task's checkpoint failed; the message names the part (state_dict(), ...)."""
+
+
+class _PlumbingError(BaseException):
+    """A pipe the worker lives on is gone (the task closed descriptors it did not open); the message says which.
+    A BaseException, as TaskStop: a task's `except Exception` in run() must not swallow it."""
 
 
 class _Shared:
@@ -157,7 +166,11 @@ class _Gate:
             if self._checkpoint_if_asked():
                 continue
             # Idle: block until the agent writes the window word or the reader thread wakes us.
-            select.select([self.window.fd, s._wake_r], [], [])
+            try:
+                select.select([self.window.fd, s._wake_r], [], [])
+            except OSError:
+                self.check_pipes(everyone=True)
+                raise
             s.drain()
             if not self.window.drain():
                 s.lost = True
@@ -235,7 +248,26 @@ class _Gate:
         self.acquire()
         self._piece_start_ns = time.monotonic_ns()
 
+    def check_pipes(self, everyone: bool = False) -> None:
+        """Raise _PlumbingError if the task closed the window pipe (or, `everyone`, the wake-up pipe too), as
+        os.closerange(3, ...) does: said here, in the task's log, before gRPC (whose descriptors went too)
+        aborts with its own words. After every step: one fstat."""
+        pipes = [("window pipe", self.window.fd if self.window is not None else -1)]
+        if everyone:
+            pipes += [("wake-up pipe", self._s._wake_r), ("wake-up pipe", self._s._wake_w)]
+        for name, fd in pipes:
+            if fd < 0:
+                continue
+            try:
+                os.fstat(fd)
+            except OSError as exc:
+                raise _PlumbingError(
+                    f"the worker's {name} (fd {fd}) was closed: {exc.strerror}; the task closed file descriptors "
+                    "it did not open (os.closerange, a daemonising helper): close only your own"
+                ) from None
+
     def step_done(self, start_ns: int, end_ns: int) -> None:
+        self.check_pipes()
         duration = end_ns - start_ns
         self._stepped = True
         self.estimator.add(duration)
@@ -387,11 +419,14 @@ class Worker:
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
+        except Exception as exc:
+            return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
+        try:
             resumed = self._restore()
         except _CheckpointFormatError as exc:  # a retry would read the same file: fail once, say what to do
             return self._fail(str(exc), retryable=False)
-        except Exception as exc:
-            return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
+        except _CheckpointError as exc:
+            return self._fail(str(exc), retryable=True)
         self._out.put(
             pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed, progress=self.gate.progress()))
         )
@@ -410,8 +445,14 @@ class Worker:
                         self.gate.wait_available(exc, task.available)
                         continue
                     self.gate.step_done(start, time.monotonic_ns())
+            self.gate.close(pb.WINDOW_END_REASON_DONE)
+            self._checkpoint()
         except TaskStop:
             return self._stop()
+        except _PlumbingError as exc:
+            _die(str(exc))
+        except _CheckpointError as exc:  # a checkpoint between windows: not the step's fault
+            return self._fail(str(exc))
         except Unavailable as exc:  # from run() (or is_done()): only a step can be given back and retried
             where = "run()" if kind == "imperative" else "is_done()"
             return self._fail(f"{where} raised Unavailable ({exc.reason}); Unavailable is for IterativeTask.step(): "
@@ -420,8 +461,6 @@ class Worker:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() called sys.exit({exc.code})")
         except Exception as exc:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() raised {type(exc).__name__}: {exc}")
-        self.gate.close(pb.WINDOW_END_REASON_DONE)
-        self._checkpoint()
         progress = self.gate.progress()
         self._teardown()
         self._out.put(pb.WorkerMessage(finished=pb.WorkerFinished(progress=progress)))
@@ -429,7 +468,10 @@ class Worker:
 
     def _stop(self) -> int:
         """Pause, cancel or a lost agent: save the state so nothing is lost, then exit."""
-        self._checkpoint()
+        try:
+            self._checkpoint()
+        except _CheckpointError as exc:  # the agent puts it in the paused or cancelled task's reason
+            return self._fail(str(exc))
         self._teardown()
         return 0
 
@@ -456,7 +498,10 @@ class Worker:
     def _checkpoint(self) -> None:
         assert self.task is not None
         self._ckpt_at = time.monotonic()
-        state = self.task.state_dict()
+        try:
+            state = self.task.state_dict()
+        except Exception as exc:
+            raise _CheckpointError(f"state_dict() raised {type(exc).__name__}: {exc}") from exc
         if state is None:
             return
         path = Path(self._setup.checkpoint_path)
@@ -467,11 +512,17 @@ class Worker:
             "step_samples_ns": self.gate.estimator.samples(),
         }
         tmp = path.with_suffix(path.suffix + ".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}") from exc
+        except Exception as exc:  # pickle's errors: PicklingError, TypeError, AttributeError
+            raise _CheckpointError(
+                f"what state_dict() returned cannot be pickled: {type(exc).__name__}: {exc}") from exc
         self._out.put(
             pb.WorkerMessage(
                 checkpointed=pb.Checkpointed(steps=self.gate.total_steps, path=str(path), progress=self.gate.progress())
@@ -492,10 +543,23 @@ class Worker:
                 "move the file away (it is kept) to start the task from scratch, or resume it with the freeride "
                 "that wrote it"
             )
-        self.task.load_state_dict(payload["state"])
+        try:
+            self.task.load_state_dict(payload["state"])
+        except Exception as exc:
+            raise _CheckpointError(
+                f"load_state_dict() raised {type(exc).__name__}: {exc} (restoring {path}; move it away to start "
+                "the task from scratch)") from exc
         self.gate.total_steps = int(payload["steps"])
         self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
         return self.gate.total_steps
+
+
+def _die(reason: str) -> NoReturn:
+    """Say why in the task's log (the agent shows its last line as the reason) and exit at once: the stream
+    to the agent is not to be trusted, and gRPC would abort with its own words on its way down."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"{reason}\n".encode())
+    os._exit(1)
 
 
 def _gpu_index(raw: str) -> int:

@@ -36,3 +36,13 @@ def test_a_task_cancelled_while_its_checkpoint_takes_seconds_ends_cancelled_with
     with open(Path(agent.state_dir) / "checkpoints" / f"task-{task.id}.ckpt", "rb") as f:
         assert pickle.load(f)["state"]["count"] > 0
     assert "killing" not in agent.log_path.read_text()
+
+
+def test_a_task_that_closes_the_workers_file_descriptors_fails_with_that_cause_not_a_grpc_abort(
+    agent: AgentProcess, client,  # type: ignore[no-untyped-def]
+) -> None:
+    task = client.submit(S.TaskSpec(ref=ref("lifecycle", "ClosesFds"), max_restarts=0))
+    with BackgroundTrainer(agent, [20.0]):
+        info = wait_for_task(client, task.id, [S.TASK_STATE_FAILED])
+    assert "the worker's window pipe (fd " in info.reason
+    assert "was closed: Bad file descriptor" in info.reason

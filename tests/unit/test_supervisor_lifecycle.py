@@ -4,13 +4,14 @@ and reasons and counts that say what happened (in-process, as tests/unit/test_su
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
-from engine_fakes import Rig, in_loop
+from engine_fakes import MiB, Rig, in_loop
 from test_supervisor import STOPS, bubble, grants, ready_task
 
-from freeride.agent.events import Control, Ready, WindowDone
+from freeride.agent.events import Control, Failed, Ready, WindowDone
 from freeride.agent.model import TaskState
 
 
@@ -105,3 +106,63 @@ async def test_a_worker_that_becomes_ready_while_the_agent_shuts_down_gets_no_wi
     assert grants(worker) == [] and rec.id not in rig.scheduler.tasks
     worker.exit(0)
     await stopping
+
+
+@pytest.mark.parametrize(("desired", "control"), STOPS)
+@in_loop
+async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    rig.sup.on_worker_message(rec.id, worker.instance, Failed("state_dict() raised OSError: disk full", True))
+    worker.exit(1)
+    assert rec.state is desired  # no crash, no restart
+    why = "its checkpoint failed: state_dict() raised OSError: disk full"
+    assert rec.reason == f"{desired.value.lower()} by user; {why}"
+
+
+# -- bug 6: counts that agree ----------------------------------------------------------------------
+
+
+@in_loop
+async def test_a_task_never_counts_fewer_steps_than_the_checkpoint_it_resumes_from(rig: Rig) -> None:
+    rec = rig.task()
+    rec.counters.steps = 10  # the ledger as written before a kill -9 of the agent; the worker's checkpoint: 25
+    await rig.sup.start(rec)
+    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 25, {}))
+    assert (rec.checkpoint_steps, rec.counters.steps) == (25, 25)
+    rig.worker(rec).exit(-9)  # its own kill -9: the new worker resumes from an older checkpoint
+    rig.timers.fire_next()
+    await rig.sup.settle()
+    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 20, {}))
+    assert (rec.checkpoint_steps, rec.counters.steps) == (20, 25)  # steps run are never taken back
+
+
+@in_loop
+async def test_restarts_and_the_gave_up_count_agree_whatever_ended_each_worker(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, memory_cap_restarts=5)
+    rec = rig.task(cap_bytes=10 * MiB)
+    await rig.sup.start(rec)
+    ends = ["hang", "memory", "crash", "spawn fails", "crash"]  # the 5th ends it: max_restarts is 3
+    for n, end in enumerate(ends):
+        if end == "spawn fails":
+            rig.launcher.fail = OSError("fork failed")
+        else:
+            worker = rig.worker(rec)
+            if end == "hang":
+                rig.sup.hang(rec.id, window_id=1)
+            elif end == "memory":
+                rig.probe.bytes[worker.pid] = 11 * MiB
+                rig.sup.check_memory()
+            worker.exit(-9 if end in ("hang", "memory") else 1)
+        if n < 3:
+            restart = rig.timers.timers[-1]  # the backoff just set (the watchdog's next check is not due)
+            restart.fired = True
+            restart.fn()
+            await rig.sup.settle()
+    assert rec.state is TaskState.FAILED
+    gave_up = re.search(r"gave up after (\d+) restarts", rec.reason)
+    assert gave_up is not None and int(gave_up[1]) == rec.restarts == 3

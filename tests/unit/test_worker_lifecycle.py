@@ -6,8 +6,10 @@ restore paths directly and read the messages it queued for the agent.
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import pytest
 from test_worker_gate import Harness
 
 from freeride import TaskStop
+from freeride.core.window import WindowWriter
+from freeride.sdk.worker import Worker
 from freeride.v1 import worker_pb2 as pb
 
 
@@ -51,3 +55,68 @@ def test_a_worker_started_by_a_parent_with_a_high_peak_reports_its_own_small_pea
                          check=True, timeout=60).stdout
     peak = int(out.strip())
     assert 10 << 20 < peak < 200 << 20  # a Python with grpc loaded; ru_maxrss would say the parent's 400+ MiB
+
+
+# -- bug 6a/6b: a checkpoint's failure is named for the method that failed --------------------------
+LIFECYCLE = Path(__file__).parents[1] / "tasks" / "lifecycle.py"
+
+
+class InProcessWorker:
+    """A Worker's task loop on a thread of this process: windows through a real window word, its messages
+    to the agent read off its queue (nothing is sent: its gRPC channel is never used)."""
+
+    def __init__(self, tmp_path: Path, name: str, **args: object) -> None:
+        self.writer = WindowWriter(tmp_path / "w.win")
+        self.checkpoint = tmp_path / "task.ckpt"
+        self.worker = Worker("unix:/nonexistent", "1", 1, self.writer.read_fd)
+        self.setup = pb.WorkerSetup(task_ref=f"{LIFECYCLE}:{name}", args={k: str(v) for k, v in args.items()},
+                                    checkpoint_path=str(self.checkpoint), checkpoint_interval_s=0.001,
+                                    window_file=str(self.writer.path))
+        self.code: list[int] = []
+        self._thread = threading.Thread(target=lambda: self.code.append(self.worker._run_task(self.setup)),
+                                        daemon=True)
+
+    def start(self) -> InProcessWorker:
+        self._thread.start()
+        return self
+
+    def next(self, kind: str) -> pb.WorkerMessage:
+        """The next message of this kind (those before it are skipped)."""
+        while True:
+            msg = self.worker._out.get(timeout=10)
+            assert msg is not None
+            if msg.WhichOneof("body") == kind:
+                return msg
+
+    def exit_code(self) -> int:
+        self._thread.join(10)
+        return self.code[0]
+
+
+def test_a_state_dict_that_raises_between_windows_is_reported_as_state_dict_not_as_the_step(tmp_path: Path) -> None:
+    w = InProcessWorker(tmp_path, "BadStateDict").start()
+    w.next("ready")
+    w.writer.grant(1, time.monotonic_ns() + 20_000_000)  # steps for 20 ms, then the periodic checkpoint
+    failed = w.next("failed").failed
+    assert failed.reason == "state_dict() raised RuntimeError: cannot gather the state"
+    assert failed.retryable and w.exit_code() == 1
+
+
+def test_a_state_dict_that_raises_on_cancel_is_reported_not_lost_in_a_traceback(tmp_path: Path) -> None:
+    w = InProcessWorker(tmp_path, "BadStateDict").start()
+    w.next("ready")
+    w.worker._s.control = pb.CONTROL_ACTION_CANCEL
+    w.worker._s.wake()
+    assert w.next("failed").failed.reason == "state_dict() raised RuntimeError: cannot gather the state"
+    assert w.exit_code() == 1
+
+
+def test_a_load_state_dict_that_raises_is_reported_as_load_state_dict_not_as_setup(tmp_path: Path) -> None:
+    w = InProcessWorker(tmp_path, "BadLoad")
+    with open(w.checkpoint, "wb") as f:
+        pickle.dump({"version": 1, "steps": 7, "state": {"count": 7}}, f)
+    w.start()
+    failed = w.next("failed").failed
+    assert failed.reason == (f"load_state_dict() raised KeyError: 'weights' (restoring {w.checkpoint}; "
+                             "move it away to start the task from scratch)")
+    assert failed.retryable and w.exit_code() == 1
