@@ -16,7 +16,7 @@ from typing import Protocol
 from freeride.agent.events import BubbleSpan, Edge, Share, Steps, WindowDone, WindowRecord
 from freeride.agent.histogram import Histogram
 from freeride.agent.model import Counters
-from freeride.agent.policy import Candidate, choose
+from freeride.agent.policy import Candidate, RecentUsage, choose
 from freeride.agent.predictor import MarginController, SlotPredictor
 from freeride.agent.timers import CallAt, Clock, TimerHandle
 
@@ -99,6 +99,7 @@ class SchedulerConfig:
     min_window_ns: int = 200_000
     hang_timeout_ns: int = 5_000_000_000
     hang_factor: float = 20.0
+    fair_share_half_life_ns: int = 30_000_000_000  # harvest this old counts half in the fair share
 
 
 class Scheduler:
@@ -116,6 +117,7 @@ class Scheduler:
         self._on_account = on_account
         self._on_hang = on_hang
         self.margin = MarginController(config.margin_ns)
+        self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
         self._predictors: OrderedDict[tuple[int, int], SlotPredictor] = OrderedDict()
         self._bubbles: dict[int, _Bubble] = {}
@@ -213,7 +215,7 @@ class Scheduler:
     # -- windows ---------------------------------------------------------------------------------
     def _candidates(self) -> list[Candidate]:
         return [
-            Candidate(t.task_id, t.priority, t.counters.harvested_ns, t.step_estimate_ns, t.window_id == 0)
+            Candidate(t.task_id, t.priority, self.usage.score(t.task_id), t.step_estimate_ns, t.window_id == 0)
             for t in self.tasks.values() if not t.stopping
         ]
 
@@ -407,8 +409,10 @@ class Scheduler:
         w.record = record
         self.window_history.append(w)
         total = Counters()
-        for c in per_task.values():
+        now = self._clock()
+        for task_id, c in per_task.items():
             total.add(c)
+            self.usage.add(task_id, c.harvested_ns, now)
         total.windows = 1
         total.bubbles = total.bubble_ns = 0  # the GPU's bubbles are counted at their END, granted or not
         self.gpu.add(total)

@@ -189,10 +189,12 @@ def test_higher_priority_task_is_granted_first(h: Harness) -> None:
     assert high.grants() and not low.grants()
 
 
-def test_least_harvested_task_is_granted_among_equal_priorities(h: Harness) -> None:
+def test_the_task_with_the_least_recent_harvest_is_granted_among_equal_priorities(h: Harness) -> None:
     rich, poor = FakePort(), FakePort()
-    h.sched.add_task(TaskSlot("rich", 0, rich, Counters(harvested_ns=50 * MS)))
-    h.sched.add_task(TaskSlot("poor", 0, poor, Counters(harvested_ns=5 * MS)))
+    h.sched.add_task(TaskSlot("a-rich", 0, rich, Counters()))
+    h.sched.add_task(TaskSlot("b-poor", 0, poor, Counters()))
+    h.sched.usage.add("a-rich", 50 * MS, 0)
+    h.sched.usage.add("b-poor", 5 * MS, 0)
     h.start(0, hint=LENGTH)
     assert poor.grants() and not rich.grants()
 
