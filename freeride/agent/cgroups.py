@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Moves the shell itself into the group whose cgroup.procs is $0, then becomes the worker.
 _JOIN = 'echo 0 > "$0" && exec "$@"'
 _DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd >= 251 on a Delegate=yes cgroup
+_ROOT_PREFIX = "freeride-"  # + a hash of the state dir: one agent's tree of worker groups
 _KILL_ROUNDS = 100  # SIGKILL rounds over cgroup.procs without cgroup.kill (a fork bomb racing the kill)
 
 
@@ -87,7 +88,10 @@ class CgroupTree:
         if path.exists():
             self.kill(path)
             _remove(path)
-        path.mkdir()
+        try:
+            path.mkdir()
+        except FileNotFoundError:  # the root, empty, was swept by another agent starting (remove_stale_roots)
+            path.mkdir(parents=True)
         return path
 
     @staticmethod
@@ -183,6 +187,31 @@ def _remove(group: Path) -> bool:
     return True
 
 
+def _remove_empty_roots(base: Path, keep: Path) -> None:
+    """Empty trees of agents that were killed (their state dirs may never be used again); a live agent
+    whose tree is empty just now makes it again at its next worker."""
+    for root in base.glob(f"{_ROOT_PREFIX}*"):
+        if root == keep or not root.is_dir():
+            continue
+        for group in root.iterdir():
+            if group.is_dir() and not _alive(group.name.rpartition("-")[2]):
+                _remove(group)  # (a live agent's group may be empty for a moment before its worker moves in)
+        with contextlib.suppress(OSError):  # not empty: an agent or its leftovers are still there
+            root.rmdir()
+
+
+def _alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _delegated(group: Path) -> bool:
     for name in _DELEGATE_XATTRS:
         with contextlib.suppress(OSError):
@@ -212,7 +241,8 @@ def open_cgroups(
             root = base / "workers"
         else:
             key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-            root = base / f"freeride-{key}"
+            root = base / f"{_ROOT_PREFIX}{key}"
+            _remove_empty_roots(base, keep=root)
         root.mkdir(exist_ok=True)
         _probe(CgroupTree(root))
     except OSError as exc:

@@ -35,6 +35,7 @@ _READS_PER_TURN = 16  # per pipe and wake-up, so one chatty task cannot starve t
 _CHUNK_BYTES = 256 * 1024  # bytes per message to a reader
 _FOLLOWER_BUDGET_BYTES = 8 * 1024 * 1024  # buffered for a slow follower before its excess is skipped
 _DRAIN_READS = 64  # a drain takes what the pipe holds (at most 1 MiB), not an escaped writer's endless output
+_DRAIN_S = 5.0
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
 
@@ -162,7 +163,10 @@ class TaskLogs:
         """Until everything written to this pipe so far is in the log (its worker has exited)."""
         done: asyncio.Future[None] = self._loop.create_future()
         self._request("drain", read_fd, done)
-        await done
+        try:
+            await asyncio.wait_for(done, _DRAIN_S)
+        except TimeoutError:  # the writer is stuck (a hung disk): the exit is handled without its last words
+            log.warning("task logs: the writer did not take a pipe's output within %.0f s", _DRAIN_S)
 
     def poke(self, task_id: str) -> None:
         """The task's state or worker changed: its followers look again whether it is over."""
@@ -239,16 +243,18 @@ class TaskLogs:
 
     # -- the writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            while self._serve():
-                pass
-        except Exception:  # the agent goes on; output that arrives from now on waits in its pipe
-            log.exception("task logs: the writer thread failed")
+        while True:
+            try:
+                if not self._serve():
+                    return
+            except Exception:  # a bug here must not stop every task's log (nor hold up a drain)
+                log.exception("task logs: the writer thread failed on a wake-up; going on")
 
     def _serve(self) -> bool:
         for key, _ in self._selector.select():
             if key.fd != self._wake_r:
-                self._pump(key.fd, _READS_PER_TURN)
+                if key.fd in self._pipes:  # (a drain earlier in this turn may have read it to its end)
+                    self._pump(key.fd, _READS_PER_TURN)
                 continue
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)

@@ -103,3 +103,4 @@ def test_an_unknown_task_has_an_empty_log(run: asyncio.AbstractEventLoop, tmp_pa
             logs.close()
 
     assert run.run_until_complete(main()) == b""
+
