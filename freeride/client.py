@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -78,6 +78,16 @@ class AgentClient:
 
     def resume(self, task_id: str) -> tasks_pb2.TaskInfo:
         return self.tasks.Resume(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def delete(self, task_id: str) -> tasks_pb2.DeleteResponse:
+        """Remove a finished task with its checkpoint and logs (FAILED_PRECONDITION for one not finished)."""
+        return self.tasks.Delete(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
+
+    def prune(self, older_than_s: float, states: Sequence[Any] = (), dry_run: bool = False
+              ) -> tasks_pb2.PruneResponse:
+        """Remove the finished tasks (of `states`; default all three) last changed over `older_than_s` ago."""
+        request = tasks_pb2.PruneRequest(older_than_s=older_than_s, states=list(states), dry_run=dry_run)
+        return self.tasks.Prune(request, timeout=self.timeout_s)
 
     def stats(self) -> tasks_pb2.StatsResponse:
         return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)

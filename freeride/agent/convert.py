@@ -28,6 +28,7 @@ from freeride.agent.events import (
     WorkerSetup,
 )
 from freeride.agent.model import Counters, TaskSpec, TaskState
+from freeride.agent.retention import Removal
 from freeride.agent.views import GpuMemory, History, Stats
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
@@ -103,6 +104,15 @@ def task_to_pb(view: TaskView) -> tasks_pb2.TaskInfo:
         pid=view.pid,
         memory_bytes=view.memory_bytes,
     )
+
+
+def delete_to_pb(removal: Removal, view: TaskView) -> tasks_pb2.DeleteResponse:
+    return tasks_pb2.DeleteResponse(task=task_to_pb(view), files_removed=removal.files, bytes_freed=removal.bytes)
+
+
+def prune_to_pb(removal: Removal, views: list[TaskView]) -> tasks_pb2.PruneResponse:
+    return tasks_pb2.PruneResponse(tasks=[task_to_pb(v) for v in views], files_removed=removal.files,
+                                   bytes_freed=removal.bytes, dry_run=removal.dry_run)
 
 
 # -- trainers --------------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ import grpc
 
 from freeride.agent.convert import (
     control_to_pb,
+    delete_to_pb,
     edge_from_pb,
     event_to_pb,
     history_to_pb,
+    prune_to_pb,
     setup_to_pb,
     spec_from_pb,
     state_from_pb,
@@ -98,6 +100,23 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     @_status_errors
     async def Resume(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
         return self._info(await self._agent.resume(request.id))
+
+    @_status_errors
+    async def Delete(self, request: tasks_pb2.TaskRef, context: grpc.aio.ServicerContext) -> tasks_pb2.DeleteResponse:
+        removal = await self._agent.delete(request.id)
+        return delete_to_pb(removal, self._agent.info(removal.tasks[0]))
+
+    @_status_errors
+    async def Prune(
+        self, request: tasks_pb2.PruneRequest, context: grpc.aio.ServicerContext
+    ) -> tasks_pb2.PruneResponse:
+        if not request.HasField("older_than_s"):
+            raise InvalidSpecError("PruneRequest.older_than_s is missing (0 removes every finished task)")
+        states = {state_from_pb(value) for value in request.states}
+        if None in states:
+            raise InvalidSpecError(f"unknown task state in {list(request.states)}")
+        removal = await self._agent.prune(request.older_than_s, {s for s in states if s is not None}, request.dry_run)
+        return prune_to_pb(removal, [self._agent.info(r) for r in removal.tasks])
 
     @_status_errors
     async def Stats(

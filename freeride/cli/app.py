@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import grpc
 
-from freeride.cli import _agents, commands
+from freeride.cli import _agents, commands, manage
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
 from freeride.cli.common import seconds, whole
@@ -80,16 +80,11 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     ls.add_argument("--state", action="append", default=[], help="only tasks in this state (repeatable)")
     ls.set_defaults(func=commands.cmd_ls)
 
-    for name, helptext in (
-        ("show", "show one task"),
-        ("cancel", "cancel a task (it checkpoints first)"),
-        ("pause", "pause a task (it checkpoints and frees its memory)"),
-        ("resume", "resume a paused task from its checkpoint"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        add_agent_args(p)
-        p.add_argument("task_id")
-        p.set_defaults(func=commands.cmd_task_action, action=name)
+    show = sub.add_parser("show", help="show one task")
+    add_agent_args(show)
+    show.add_argument("task_id")
+    show.set_defaults(func=commands.cmd_task_action, action="show")
+    manage.add_parsers(sub, add_agent_args)  # cancel, pause, resume (several ids, --all), rm, prune
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
     commands.add_gpu_args(doc)

@@ -68,6 +68,9 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help="auto (default): trainers on this host report through a shared-memory ring; grpc: keep "
                         "every trainer on its gRPC stream, e.g. where shared memory is not allowed "
                         "(env FREERIDE_BUBBLE_PATH)")
+    p.add_argument("--retention", metavar="DURATION",
+                   help="remove finished tasks (with checkpoint and logs) last changed longer ago than this, like "
+                        "7d or 12h: at start, then as they expire (env FREERIDE_RETENTION; default forever)")
     w = p.add_argument_group("side-task workers on the CPU (docs/operations.md)")
     w.add_argument("--worker-nice", type=int, metavar="0..19",
                    help=f"niceness of every worker and what it starts (default {d.worker_nice}: training's CPU work "

@@ -355,3 +355,35 @@ class TimelineResponse(_message.Message):
     windows: _containers.RepeatedCompositeFieldContainer[WindowRecord]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     def __init__(self, gpu: _Optional[int] = ..., now_ns: _Optional[int] = ..., bubbles: _Optional[_Iterable[_Union[BubbleSpan, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[WindowRecord, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("task", "files_removed", "bytes_freed")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    FILES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    task: TaskInfo
+    files_removed: int
+    bytes_freed: int
+    def __init__(self, task: _Optional[_Union[TaskInfo, _Mapping]] = ..., files_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
+
+class PruneRequest(_message.Message):
+    __slots__ = ("older_than_s", "states", "dry_run")
+    OLDER_THAN_S_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    older_than_s: float
+    states: _containers.RepeatedScalarFieldContainer[TaskState]
+    dry_run: bool
+    def __init__(self, older_than_s: _Optional[float] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class PruneResponse(_message.Message):
+    __slots__ = ("tasks", "files_removed", "bytes_freed", "dry_run")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    FILES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    files_removed: int
+    bytes_freed: int
+    dry_run: bool
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., files_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...

@@ -79,6 +79,16 @@ class TaskServiceStub:
                 request_serializer=freeride_dot_v1_dot_tasks__pb2.TimelineRequest.SerializeToString,
                 response_deserializer=freeride_dot_v1_dot_tasks__pb2.TimelineResponse.FromString,
                 _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/freeride.v1.TaskService/Delete',
+                request_serializer=freeride_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+                response_deserializer=freeride_dot_v1_dot_tasks__pb2.DeleteResponse.FromString,
+                _registered_method=True)
+        self.Prune = channel.unary_unary(
+                '/freeride.v1.TaskService/Prune',
+                request_serializer=freeride_dot_v1_dot_tasks__pb2.PruneRequest.SerializeToString,
+                response_deserializer=freeride_dot_v1_dot_tasks__pb2.PruneResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -138,6 +148,19 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Delete(self, request, context):
+        """A finished task (DONE, FAILED, CANCELLED) with its checkpoint and logs; another is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prune(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +208,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.Timeline,
                     request_deserializer=freeride_dot_v1_dot_tasks__pb2.TimelineRequest.FromString,
                     response_serializer=freeride_dot_v1_dot_tasks__pb2.TimelineResponse.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=freeride_dot_v1_dot_tasks__pb2.TaskRef.FromString,
+                    response_serializer=freeride_dot_v1_dot_tasks__pb2.DeleteResponse.SerializeToString,
+            ),
+            'Prune': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prune,
+                    request_deserializer=freeride_dot_v1_dot_tasks__pb2.PruneRequest.FromString,
+                    response_serializer=freeride_dot_v1_dot_tasks__pb2.PruneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +463,60 @@ class TaskService:
             '/freeride.v1.TaskService/Timeline',
             freeride_dot_v1_dot_tasks__pb2.TimelineRequest.SerializeToString,
             freeride_dot_v1_dot_tasks__pb2.TimelineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/freeride.v1.TaskService/Delete',
+            freeride_dot_v1_dot_tasks__pb2.TaskRef.SerializeToString,
+            freeride_dot_v1_dot_tasks__pb2.DeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/freeride.v1.TaskService/Prune',
+            freeride_dot_v1_dot_tasks__pb2.PruneRequest.SerializeToString,
+            freeride_dot_v1_dot_tasks__pb2.PruneResponse.FromString,
             options,
             channel_credentials,
             insecure,
