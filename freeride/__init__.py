@@ -1,7 +1,8 @@
 """freeride: run side tasks in the bubbles of pipeline-parallel training.
 
-The public surface for side-task authors and trainer integrations; everything else lives in
-subpackages (`freeride.agent`, `freeride.trainer`, `freeride.cli`).
+The public surface for side-task authors, trainer integrations and programs that drive agents
+(`freeride.Client`); everything else lives in subpackages (`freeride.agent`, `freeride.trainer`,
+`freeride.cli`).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,18 @@ from freeride.errors import (
 from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
 
 if TYPE_CHECKING:
+    from freeride.client import Client
     from freeride.pool import PoolItem
     from freeride.sdk.pool import PoolTask
 
 
 def __getattr__(name: str) -> Any:
-    """The pool task and its item, imported on first use: redis-py costs every trainer ~0.1 s to import."""
+    """Imported on first use: the pool task and its item (redis-py costs every trainer ~0.1 s to import) and the
+    client (gRPC, which a side task does not need)."""
+    if name == "Client":
+        from freeride.client import Client
+
+        return Client
     if name == "PoolTask":
         from freeride.sdk.pool import PoolTask
 
@@ -40,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AgentUnavailableError",
+    "Client",
     "FreerideError",
     "ImperativeTask",
     "InvalidSpecError",

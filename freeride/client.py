@@ -1,14 +1,21 @@
-"""A small synchronous client for one agent: what the CLI, the benchmarks and tests use."""
+"""A small synchronous client for one agent: `freeride.Client`, what the CLI, the benchmarks and tests use.
+
+Answers are the API's protobuf messages (`TaskInfo`, `StatsResponse`, ...; proto/freeride/v1/tasks.proto):
+read their fields as attributes. A refused call raises `grpc.RpcError` with a status code and a one-line
+`details()` (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION); no agent answering is UNAVAILABLE.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freeride.core.auth import token_interceptor
+from freeride.core.paths import agent_target
 from freeride.errors import AgentUnavailableError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc
 
@@ -24,11 +31,18 @@ _CHANNEL_OPTIONS = [
 SUBMIT_TIMEOUT_S = 90.0  # > 2 x the agent's longest check bound, plus the insert and the worker's spawn
 
 
-class AgentClient:
-    """`token`: the agent's bearer token, needed over TCP (see freeride.core.auth.token_from)."""
+class Client:
+    """A connection to one agent; use it as a context manager (or call close()).
 
-    def __init__(self, target: str, timeout_s: float = 30.0, token: str | None = None) -> None:
-        self.target = target
+    `target`: a socket path, `unix:PATH` or `HOST:PORT`; left out, `$FREERIDE_AGENT` (its first address),
+    else this host's agent of GPU 0. `timeout_s` bounds each call (Submit waits longer: the agent checks the
+    task's import first). `token`: the agent's bearer token, needed over TCP (freeride.core.auth.token_from).
+    """
+
+    def __init__(self, target: str | None = None, timeout_s: float = 30.0, token: str | None = None) -> None:
+        if target is None:
+            target = os.environ.get("FREERIDE_AGENT", "").split(",")[0].strip() or None
+        self.target = agent_target(target)
         self.timeout_s = timeout_s
         self._raw_channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self._channel = (
@@ -40,7 +54,7 @@ class AgentClient:
     def close(self) -> None:
         self._raw_channel.close()
 
-    def __enter__(self) -> AgentClient:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -57,26 +71,46 @@ class AgentClient:
             raise AgentUnavailableError(f"the agent at {self.target} is not serving")
 
     def health(self) -> int:
+        """The standard gRPC health status: 1 SERVING, 2 NOT_SERVING (e.g. while the agent stops)."""
         return int(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s).status)
 
-    def submit(self, spec: tasks_pb2.TaskSpec) -> tasks_pb2.TaskInfo:
-        """Submit waits longer than other calls: the agent may first wait for a free check slot, then check
+    def submit(self, task: tasks_pb2.TaskSpec | str, /, *, args: Mapping[str, object] | None = None, name: str = "",
+               priority: int = 0, mem_limit_bytes: int = 0, max_restarts: int | None = None,
+               checkpoint_interval_s: float = 0.0, no_mps: bool = False) -> tasks_pb2.TaskInfo:
+        """A new task, as `freeride submit` makes it: `task` is 'package.module:Class' or '/abs/path.py:Class'
+        (or a whole TaskSpec, the other arguments then unused); `args` its constructor's arguments (sent as
+        strings); 0, "" and None mean the task's own or the agent's default. Raises INVALID_ARGUMENT with the
+        reason when the agent refuses it (no such class, an argument it does not take, ...).
+
+        Submit waits longer than other calls: the agent may first wait for a free check slot, then check
         the task's import, each up to its --check-timeout-s (at most 40 s, freeride.agent.config)."""
+        spec = task if isinstance(task, tasks_pb2.TaskSpec) else tasks_pb2.TaskSpec(
+            ref=task, args={k: str(v) for k, v in (args or {}).items()}, name=name, priority=priority,
+            mem_limit_bytes=mem_limit_bytes, max_restarts=max_restarts, checkpoint_interval_s=checkpoint_interval_s,
+            no_mps=no_mps,
+        )
         return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=max(self.timeout_s, SUBMIT_TIMEOUT_S))
 
-    def list(self, states: list[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
-        return list(self.tasks.List(tasks_pb2.ListRequest(states=states or []), timeout=self.timeout_s).tasks)
+    def list(self, states: Sequence[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
+        """Every task (or those in `states`: TaskState values or names like "READY"), oldest first."""
+        wanted: list[Any] = [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") if isinstance(s, str) else s
+                             for s in states or []]
+        return list(self.tasks.List(tasks_pb2.ListRequest(states=wanted), timeout=self.timeout_s).tasks)
 
     def get(self, task_id: str) -> tasks_pb2.TaskInfo:
+        """One task: state, reason, counters, progress, ... (NOT_FOUND for an unknown id)."""
         return self.tasks.Get(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
     def cancel(self, task_id: str) -> tasks_pb2.TaskInfo:
+        """Cancel a task: it checkpoints, then is CANCELLED (the answer may still show it stopping)."""
         return self.tasks.Cancel(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
     def pause(self, task_id: str) -> tasks_pb2.TaskInfo:
+        """Pause a task: it checkpoints and its worker exits, freeing its memory."""
         return self.tasks.Pause(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
     def resume(self, task_id: str) -> tasks_pb2.TaskInfo:
+        """Resume a paused task from its checkpoint."""
         return self.tasks.Resume(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
     def delete(self, task_id: str) -> tasks_pb2.DeleteResponse:
@@ -90,6 +124,7 @@ class AgentClient:
         return self.tasks.Prune(request, timeout=self.timeout_s)
 
     def stats(self) -> tasks_pb2.StatsResponse:
+        """The GPU's totals (bubbles, harvested time, memory, trainer streams) and every task."""
         return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)
 
     def timeline(self, since_ns: int = 0) -> tasks_pb2.TimelineResponse:
@@ -108,3 +143,6 @@ class EventStream(Protocol):
     def __iter__(self) -> Iterator[tasks_pb2.AgentEvent]: ...
     def __next__(self) -> tasks_pb2.AgentEvent: ...
     def cancel(self) -> bool: ...
+
+
+AgentClient = Client  # the name it had before it was public

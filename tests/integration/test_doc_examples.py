@@ -8,6 +8,7 @@ Each ```python block is classified by what it shows, and run the way a reader wo
 - the reporter example runs against a real agent (its example address replaced by the agent's),
   and the agent counts the edges it sent;
 - the `connect()` example finds the agent through FREERIDE_AGENT and reports a bubble;
+- the `freeride.Client` example finds the agent through FREERIDE_AGENT, and the task it submits is there;
 - a trainer integration (it calls `instrument(...)` on objects a real job would have) has its
   imports run and `instrument` checked to be a function: the integrations' own tests run them.
 A block that fits none of these fails the test: a new example needs a way to run here.
@@ -63,6 +64,8 @@ def kind(code: str) -> str:
         return "reporter"
     if "connect()" in code:
         return "connect"
+    if "from freeride import Client" in code:
+        return "client"
     if re.search(r"^handle = instrument\(", code, re.M):
         return "integration"
     return "unknown"
@@ -74,7 +77,7 @@ IDS = [where for where, _ in EXAMPLES]
 
 def test_the_docs_have_examples_of_each_kind():
     kinds = {kind(code) for _, code in EXAMPLES}
-    assert {"task", "pool", "reporter", "connect", "integration"} <= kinds, kinds
+    assert {"task", "pool", "reporter", "connect", "integration", "client"} <= kinds, kinds
 
 
 @pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=IDS)
@@ -156,6 +159,18 @@ def test_the_connect_example_finds_the_agent_from_the_environment(agent: AgentPr
     reporter.close()
     stats = wait_for_trainers(client, 0)
     assert stats.gpu.events + reporter.dropped == 2 and stats.gpu.events >= 1
+
+
+def test_the_client_example_drives_the_agent_from_the_environment(agent: AgentProcess, client: AgentClient,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setenv("FREERIDE_AGENT", agent.target)
+    exec(compile(_only("client"), "docs/cli.md", "exec"), {})
+    [task] = client.list()
+    assert task.spec.name == "kmeans" and task.spec.priority == 10 and dict(task.spec.args) == {
+        "k": "4", "points": "20000"}
+    assert wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_CANCELLED], 60).state == tasks_pb2.TASK_STATE_CANCELLED
+    assert capsys.readouterr().out.startswith(f"submitted task {task.id}\n")
 
 
 INTEGRATIONS = [(w, c) for w, c in EXAMPLES if kind(c) == "integration"]
