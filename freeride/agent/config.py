@@ -25,7 +25,7 @@ class ConfigError(FreerideError):
 @dataclass(frozen=True)
 class AgentConfig:
     gpu: int = 0
-    state_dir: Path = Path("freeride-state")
+    state_dir: Path = Path("freeride-state")  # relative: to the agent's working directory (the units pass one)
     socket: Path | None = None  # default: default_socket(gpu)
     tcp: str = ""  # host:port; empty means unix socket only
     margin_ms: float = 0.2

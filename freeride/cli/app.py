@@ -49,7 +49,12 @@ def subcommands(p: argparse.ArgumentParser, dest: str) -> argparse._SubParsersAc
 
 def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     """The product's commands, then whatever `more` adds (the entry point adds the tooling's)."""
-    parser = _Parser(prog="freeride", description="Run side tasks in the bubbles of pipeline-parallel training.")
+    parser = _Parser(
+        prog="freeride", description="Run side tasks in the bubbles of pipeline-parallel training.",
+        epilog="The agent keeps its tasks, checkpoints and logs in --state-dir (FREERIDE_STATE_DIR), by default "
+               "./freeride-state: relative to the directory it starts in. Commands reach agents through their "
+               "sockets in $FREERIDE_SOCKET_DIR, else $XDG_RUNTIME_DIR/freeride, else /tmp/freeride-UID.",
+    )
     parser.add_argument("--log-level", default=os.environ.get("FREERIDE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -89,7 +94,9 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
     commands.add_gpu_args(doc)
     doc.add_argument("--gpu", type=whole(0), help="GPU index to check (env FREERIDE_GPU)")
-    doc.add_argument("--state-dir", type=Path, help="the agent's state dir (env FREERIDE_STATE_DIR)")
+    doc.add_argument("--state-dir", type=Path,
+                     help="the agent's state dir (env FREERIDE_STATE_DIR; default ./freeride-state, relative to the "
+                          "directory the command runs in)")
     doc.add_argument("--socket", type=Path, help="the agent's socket path (env FREERIDE_SOCKET)")
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=commands.cmd_doctor)

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.cli import _agents, multi
-from freeride.cli.common import UsageError, absolute_ref, console, message_dict, print_json, table
+from freeride.cli.common import UsageError, absolute_ref, console, message_dict, number, print_json, table, whole
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.secrets import mask
@@ -30,32 +30,34 @@ if TYPE_CHECKING:
 # -- agent ----------------------------------------------------------------------------------------
 def add_agent_args(p: argparse.ArgumentParser) -> None:
     d = AgentConfig()
-    p.add_argument("--gpu", type=int, help=f"GPU index this agent serves (env FREERIDE_GPU, default {d.gpu})")
-    p.add_argument("--state-dir", type=Path, help="registry, ledger, checkpoints, logs (env FREERIDE_STATE_DIR)")
+    p.add_argument("--gpu", type=whole(), help=f"GPU index this agent serves (env FREERIDE_GPU, default {d.gpu})")
+    p.add_argument("--state-dir", type=Path,
+                   help=f"registry, ledger, checkpoints, logs (env FREERIDE_STATE_DIR; default ./{d.state_dir}: "
+                        "relative to the directory the agent starts in)")
     p.add_argument("--socket", type=Path, help="unix socket path (env FREERIDE_SOCKET; default per GPU)")
     p.add_argument("--tcp", help="also listen on HOST:PORT; needs --token-file (env FREERIDE_TCP; off by default)")
-    p.add_argument("--margin-ms", type=float, help=f"safety margin cut from each window (default {d.margin_ms})")
-    p.add_argument("--max-restarts", type=int, help=f"crash restarts before FAILED (default {d.max_restarts})")
-    p.add_argument("--restart-backoff-s", type=float, help=f"first restart delay (default {d.restart_backoff_s})")
-    p.add_argument("--checkpoint-interval-s", type=float,
+    p.add_argument("--margin-ms", type=number, help=f"safety margin cut from each window (default {d.margin_ms})")
+    p.add_argument("--max-restarts", type=whole(), help=f"crash restarts before FAILED (default {d.max_restarts})")
+    p.add_argument("--restart-backoff-s", type=number, help=f"first restart delay (default {d.restart_backoff_s})")
+    p.add_argument("--checkpoint-interval-s", type=number,
                    help=f"periodic checkpoint interval (default {d.checkpoint_interval_s})")
-    p.add_argument("--hang-timeout-s", type=float,
+    p.add_argument("--hang-timeout-s", type=number,
                    help=f"kill a step this long after its window closed (default {d.hang_timeout_s})")
-    p.add_argument("--shutdown-grace-s", type=float,
+    p.add_argument("--shutdown-grace-s", type=number,
                    help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
-    p.add_argument("--checkpoint-timeout-s", type=float,
+    p.add_argument("--checkpoint-timeout-s", type=number,
                    help="time a paused or cancelled task's worker gets to finish its step and checkpoint before "
                         f"it is killed (default {d.checkpoint_timeout_s:g}; env FREERIDE_CHECKPOINT_TIMEOUT_S)")
-    p.add_argument("--max-workers", type=int,
+    p.add_argument("--max-workers", type=whole(),
                    help=f"side-task workers resident at once; more tasks wait, queued (default {d.max_workers}; "
                         "env FREERIDE_MAX_WORKERS)")
-    p.add_argument("--check-timeout-s", type=float,
+    p.add_argument("--check-timeout-s", type=number,
                    help="a submitted task's import and check_args must finish within this, else the submit is "
                         f"refused (default {d.check_timeout_s:g}, at most 40; env FREERIDE_CHECK_TIMEOUT_S)")
-    p.add_argument("--memory-check-s", type=float,
+    p.add_argument("--memory-check-s", type=number,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
-    p.add_argument("--metrics-port", type=int,
+    p.add_argument("--metrics-port", type=whole(),
                    help="serve Prometheus /metrics on this port (env FREERIDE_METRICS_PORT; default off)")
     p.add_argument("--metrics-addr",
                    help=f"address /metrics binds to; 0.0.0.0 for a scraper on another host (default {d.metrics_addr})")
@@ -72,7 +74,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
                    help="remove finished tasks (with checkpoint and logs) last changed longer ago than this, like "
                         "7d or 12h: at start, then as they expire (env FREERIDE_RETENTION; default forever)")
     w = p.add_argument_group("side-task workers on the CPU (docs/operations.md)")
-    w.add_argument("--worker-nice", type=int, metavar="0..19",
+    w.add_argument("--worker-nice", type=whole(), metavar="0..19",
                    help=f"niceness of every worker and what it starts (default {d.worker_nice}: training's CPU work "
                         "comes first; env FREERIDE_WORKER_NICE)")
     w.add_argument("--worker-cpus", metavar="LIST",
@@ -92,7 +94,7 @@ def add_gpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--headroom", dest="headroom_bytes", type=parse_size, metavar="SIZE",
                    help=f"GPU memory kept free beyond the trainer's needs (default {format_size(d.headroom_bytes)}; "
                         "env FREERIDE_HEADROOM_BYTES)")
-    g.add_argument("--memory-cap-restarts", type=int,
+    g.add_argument("--memory-cap-restarts", type=whole(),
                    help="restarts after memory_cap_exceeded before FAILED (default 0: FAILED at once)")
     g.add_argument("--mps", choices=["off", "start", "use"],
                    help="CUDA MPS: off (default), start a control daemon, or use a running one (env FREERIDE_MPS)")
@@ -100,7 +102,7 @@ def add_gpu_args(p: argparse.ArgumentParser) -> None:
                    help=f"MPS control program (default {d.mps_control}; env FREERIDE_MPS_CONTROL)")
     g.add_argument("--mps-pipe-dir", type=Path, help="MPS pipe directory (default: per GPU beside the socket)")
     g.add_argument("--mps-log-dir", type=Path, help="MPS log directory (default: beside the pipe directory)")
-    g.add_argument("--mps-thread-percentage", type=int, metavar="PCT",
+    g.add_argument("--mps-thread-percentage", type=whole(), metavar="PCT",
                    help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks (default: not set)")
 
 

@@ -51,12 +51,21 @@ def usage_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["health", "--wait-s", "inf"], ["--wait-s", "'inf'"]),
     (["top", "--interval", "0"], ["--interval", "> 0"]),
     (["doctor", "--gpu", "x"], ["--gpu", "'x'"]),
+    (["agent", "--margin-ms", "nan"], ["--margin-ms", "give a number", "'nan'"]),
+    (["agent", "--hang-timeout-s", "5s"], ["--hang-timeout-s", "give a number", "'5s'"]),
+    (["agent", "--metrics-port", "9400.5"], ["--metrics-port", "whole number", "'9400.5'"]),
 ])
 def test_bad_numbers_and_arguments_are_one_line_saying_what_to_give(capsys, argv, words):
     line = usage_line(capsys, *argv)
     assert line.startswith("freeride"), line
     for w in words:
         assert w in line, line
+
+
+def test_help_says_where_the_state_dir_is_by_default(capsys):
+    for argv in (["--help"], ["agent", "--help"]):
+        code, out, _ = run_cli(capsys, *argv)
+        assert code == 0 and "./freeride-state" in out and "relative" in out, out
 
 
 def test_an_address_that_is_no_socket_says_what_it_is(capsys, tmp_path: Path):
