@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -164,11 +164,36 @@ def main(argv: Sequence[str] | None = None, more: AddCommands | None = None) -> 
 
 
 def _main(argv: Sequence[str] | None, more: AddCommands | None) -> int:
-    parser = build_parser(more)
-    ns = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if more is not None and _command(args) not in _commands(parser):
+        parser = build_parser(more)  # a tooling command, --help or a typo: every command is needed
+    ns = parser.parse_args(args)
     level = getattr(logging, str(ns.log_level).upper(), None)
     if not isinstance(level, int):
         return _fail(f"--log-level {ns.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
     if ns.command != "agent":
         logging.basicConfig(level=max(level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     return run(ns.func, ns)
+
+
+def _command(args: Sequence[str]) -> str | None:
+    """The command word of a command line (`freeride [--log-level L] COMMAND ...`)."""
+    skip = False
+    for word in args:
+        if skip:
+            skip = False
+        elif word == "--log-level":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _commands(parser: argparse.ArgumentParser) -> Collection[str]:
+    """The product's command words: for them the tooling's parsers (bench imports psutil and the harness,
+    ~20 ms) are not built, so that `health`, `ls` and `stats` start fast."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.keys()
+    return ()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,3 +196,18 @@ def test_tables_are_not_cut_to_80_columns_when_piped(capsys, fake_agents, monkey
     monkeypatch.setenv("COLUMNS", "100")  # an explicit width still wins
     code, out, err = run_cli(capsys, "ls", "--agent", "unix:/nonexistent/a.sock")
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 100, out
+
+
+def test_health_and_json_listing_load_no_table_library_and_no_benchmark():
+    """What makes `health`/`ls`/`stats` slow on a loaded host is what they import: not rich (tables only),
+    not the demo or the benchmarks (psutil, the harness). A subprocess: this test process has them loaded."""
+    code = (
+        "import sys\n"
+        "from freeride.main import main\n"
+        "main(['health', '--agent', '/nonexistent/a.sock'])\n"
+        "main(['ls', '--json', '--agent', '/nonexistent/a.sock'])\n"
+        "print(sorted(m for m in ('rich', 'psutil', 'freeride.tooling.harness', 'freeride.tooling.demo.run',\n"
+        "                         'freeride.tooling.bench.control', 'redis') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "[]", res.stdout + res.stderr
