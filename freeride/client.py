@@ -28,7 +28,9 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-SUBMIT_TIMEOUT_S = 90.0  # > 2 x the agent's longest check bound, plus the insert and the worker's spawn
+# Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.refcheck), then for the check
+# itself (up to its --check-timeout-s, at most 40 s): its deadline exceeds both together.
+SUBMIT_TIMEOUT_S = 120.0
 
 
 class Client:

@@ -13,8 +13,8 @@ from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
 from freeride.errors import FreerideError, InvalidSpecError
 
-# A submit's check may wait for a free slot, then run, each up to --check-timeout-s: the client's deadline
-# for Submit (freeride.client.SUBMIT_TIMEOUT_S) must exceed twice this bound.
+# A submit's check may wait for a free slot (freeride.agent.refcheck.QUEUE_WAIT_S), then run up to
+# --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
 MAX_CHECK_TIMEOUT_S = 40.0
 
 

@@ -22,12 +22,17 @@ from freeride.agent.model import TaskSpec
 from freeride.errors import InvalidStateError, TaskRefError
 
 PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
+# How long a submit waits for a free slot: a burst of 200 submits on a busy 2-core host took ~20-80 s to check
+# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 120 s) exceeds
+# this plus the longest --check-timeout-s (40 s).
+QUEUE_WAIT_S = 60.0
 _PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
 
 
 class RefChecks:
-    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS) -> None:
+    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS, queue_wait_s: float = QUEUE_WAIT_S) -> None:
         self.timeout_s = timeout_s
+        self._queue_wait_s = queue_wait_s
         self._slots = asyncio.Semaphore(parallel)
         self._running: set[int] = set()  # process group ids of the checks running now
         self.queued = 0  # submits waiting for a free slot
@@ -39,7 +44,7 @@ class RefChecks:
         task's one line) or the check does not finish in time. User code never runs inside the agent."""
         self.queued += 1
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self._queue_wait_s):
                 await self._slots.acquire()
         except TimeoutError:
             raise InvalidStateError(
