@@ -125,7 +125,9 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
     steps = report["step_ms"]
     assert steps["baseline"] and steps["harvest"]
     assert steps["baseline_median"] > 0 and steps["harvest_median"] > 0
-    assert report["slowdown"] == pytest.approx(steps["harvest_median"] / steps["baseline_median"] - 1, abs=1e-3)
+    assert report["slowdown_of_medians"] == pytest.approx(steps["harvest_median"] / steps["baseline_median"] - 1,
+                                                          abs=1e-3)
+    assert -1 < report["slowdown"] < 10
 
     # Each stage had bubbles, and side tasks used part of them; each task moved on.
     assert len(report["stages"]) == STAGES

@@ -36,14 +36,14 @@ _BLOCKS = 8  # transformer blocks in all, split across the stages by default
 _DEFAULT_SCHED = "idle"
 
 # Sizes: a step is real work (~0.5 s on a 2-core CPU) and the whole demo fits in about two minutes.
-_FULL = {"warmup": 4, "block": 8, "blocks": 6}
+_FULL = {"warmup": 4, "block": 4, "blocks": 12}  # short blocks: each harvest block is paired with its neighbours
 _QUICK = {"warmup": 3, "block": 3, "blocks": 4}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a short run (for tests and a first look)")
-    p.add_argument("--block", type=int, help="iterations per baseline or harvest block (default 8; quick 3)")
-    p.add_argument("--blocks", type=int, help="baseline and harvest blocks, alternating (even; default 6; quick 4)")
+    p.add_argument("--block", type=int, help="iterations per baseline or harvest block (default 4; quick 3)")
+    p.add_argument("--blocks", type=int, help="baseline and harvest blocks, alternating (even; default 12; quick 4)")
     p.add_argument("--warmup", type=int, help="iterations before the first block, the agents learning bubbles")
     p.add_argument("--stages", type=int,
                    help="pipeline stages, one process and one agent each (default 4; on a CPU at most one per core)")
