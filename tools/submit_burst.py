@@ -9,7 +9,7 @@ Starts `freeride agent` (CPU mode) with a synthetic trainer rank reporting 20 ms
   - peak RSS of the agent's process tree (agent + checks + workers) and peak worker count during the run,
     sampled every 50 ms (a measurement, not a control path);
   - the agent's RSS after start-up and one warm-up task, and after the burst has finished and settled.
-Run it from a checkout (PYTHONPATH=that checkout measures that version).
+To measure another version: `cd` out of this checkout and set PYTHONPATH to that version's tree.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import psutil
 
 from freeride.tooling.harness import AgentProcess, replay, wait_for
@@ -134,17 +135,24 @@ def main(argv: list[str]) -> int:
             rss_before = proc.memory_info().rss
 
             def submit(_: int) -> tuple[str, float]:
+                """The task's id ("" if the submit failed) and the submit's latency."""
                 with agent.client() as c:
                     t0 = time.monotonic()
-                    task_id = c.submit(spec).id
+                    try:
+                        task_id = c.submit(spec).id
+                    except grpc.RpcError as exc:
+                        failures[f"{exc.code().name}: {exc.details()}"[:100]] += 1
+                        task_id = ""
                     return task_id, time.monotonic() - t0
+
+            failures: collections.Counter[str] = collections.Counter()
 
             with Sampler(agent.proc.pid) as sampler:
                 t0 = time.monotonic()
                 with ThreadPoolExecutor(ns.tasks) as pool:
                     results = list(pool.map(submit, range(ns.tasks)))
                 burst_s = time.monotonic() - t0
-                all_done = _wait_done(agent, {i for i, _ in results}, ns.timeout_s)
+                all_done = _wait_done(agent, {i for i, _ in results if i}, ns.timeout_s)
                 run_s = time.monotonic() - t0
             time.sleep(ns.settle_s)  # a measurement: let the agent's loop go quiet before reading its RSS
             rss_after = proc.memory_info().rss
@@ -157,6 +165,8 @@ def main(argv: list[str]) -> int:
             stop.set()
             trainer.join(10)
             code = agent.stop()
+    if failures:
+        print(f"{sum(failures.values())} submits failed: {dict(failures)}")
     lat = sorted(s for _, s in results)
     q = statistics.quantiles(lat, n=20)
     mib = 2**20
