@@ -133,6 +133,15 @@ class Client:
         """The agent's recent bubbles and windows (with each side-task step), for plotting."""
         return self.tasks.Timeline(tasks_pb2.TimelineRequest(since_ns=since_ns), timeout=self.timeout_s)
 
+    def logs(self, task_id: str, follow: bool = False, tail_lines: int = 0) -> LogStream:
+        """The task's output in chunks (the first one names the log file): the stored log, its last
+        `tail_lines` lines if given, then with `follow` new output until the task is over; cancel() ends it."""
+        stream: LogStream = self.tasks.Logs(
+            tasks_pb2.LogsRequest(id=task_id, follow=follow, tail_lines=tail_lines),
+            timeout=None if follow else max(self.timeout_s, 60.0),
+        )
+        return stream
+
     def watch(self) -> EventStream:
         """Events as they happen, until `cancel()` is called on the returned stream."""
         stream: EventStream = self.tasks.Watch(tasks_pb2.WatchRequest())
@@ -144,6 +153,14 @@ class EventStream(Protocol):
 
     def __iter__(self) -> Iterator[tasks_pb2.AgentEvent]: ...
     def __next__(self) -> tasks_pb2.AgentEvent: ...
+    def cancel(self) -> bool: ...
+
+
+class LogStream(Protocol):
+    """A task's output: iterate it; cancel() ends it (the iterator then raises CANCELLED)."""
+
+    def __iter__(self) -> Iterator[tasks_pb2.LogChunk]: ...
+    def __next__(self) -> tasks_pb2.LogChunk: ...
     def cancel(self) -> bool: ...
 
 

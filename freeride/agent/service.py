@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -66,7 +67,9 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
         self._agent = agent
 
     def _info(self, rec: TaskRecord) -> tasks_pb2.TaskInfo:
-        return task_to_pb(self._agent.info(rec))
+        info = task_to_pb(self._agent.info(rec))
+        info.log_path = self._agent.log_path(rec.id)
+        return info
 
     @_status_errors
     async def Submit(self, request: tasks_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:
@@ -129,6 +132,17 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
         self, request: tasks_pb2.TimelineRequest, context: grpc.aio.ServicerContext
     ) -> tasks_pb2.TimelineResponse:
         return history_to_pb(self._agent.history(request.since_ns))
+
+    @_status_errors
+    async def Logs(self, request: tasks_pb2.LogsRequest, context: grpc.aio.ServicerContext) -> None:
+        chunks = self._agent.read_log(request.id, request.tail_lines, request.follow)  # NOT_FOUND before any write
+        async with contextlib.aclosing(chunks):
+            try:
+                await context.write(tasks_pb2.LogChunk(path=self._agent.log_path(request.id)))
+                async for data in chunks:
+                    await context.write(tasks_pb2.LogChunk(data=data))
+            except Exception as exc:  # (as in Watch) a failed write: the reader is gone
+                log.debug("logs stream from %s ended: %r", context.peer(), exc)
 
     async def Watch(self, request: tasks_pb2.WatchRequest, context: grpc.aio.ServicerContext) -> None:
         # context.write rather than yield: a client that cancels while a write waits on its flow control fails

@@ -18,6 +18,7 @@ from typing import NoReturn
 import grpc
 
 from freeride.cli import _agents, commands, manage
+from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
 from freeride.cli.common import seconds, whole
@@ -90,6 +91,11 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     show.add_argument("task_id")
     show.set_defaults(func=commands.cmd_task_action, action="show")
     manage.add_parsers(sub, add_agent_args)  # cancel, pause, resume (several ids, --all), rm, prune
+
+    lg = sub.add_parser("logs", help="a task's output and traceback; -f follows it until the task is over")
+    add_agent_args(lg)
+    logs_cli.add_args(lg)
+    lg.set_defaults(func=logs_cli.cmd_logs)
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
     commands.add_gpu_args(doc)

@@ -57,6 +57,12 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-check-s", type=number,
                    help=f"how often worker memory is checked against its cap (default {d.memory_check_s})")
     p.add_argument("--log-format", choices=["text", "json"], help="log line format (env FREERIDE_LOG_FORMAT)")
+    p.add_argument("--cgroups", choices=["auto", "off"],
+                   help="auto (default): each worker in a cgroup of its own, killed with all it started, where the "
+                        "agent may create cgroups; off: process group and environment mark only (env FREERIDE_CGROUPS)")
+    p.add_argument("--log-max-bytes", type=parse_size, metavar="SIZE",
+                   help=f"each task's log rotates at this size, at most 2x kept (default "
+                        f"{format_size(d.log_max_bytes)}; env FREERIDE_LOG_MAX_BYTES)")
     p.add_argument("--metrics-port", type=whole(),
                    help="serve Prometheus /metrics on this port (env FREERIDE_METRICS_PORT; default off)")
     p.add_argument("--metrics-addr",
@@ -247,6 +253,7 @@ def cmd_task_action(ns: argparse.Namespace) -> int:
         ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps
                                                          else "MPS client when the agent runs MPS"),
         ("restarts", str(info.restarts)), ("pid", str(info.pid or "-")),
+        ("log", f"{info.log_path} (freeride logs {info.id})" if info.log_path else "-"),
         ("steps", str(cnt.steps)), ("harvested", format_seconds(cnt.harvested_s)),
         ("overruns", f"{cnt.overrun_steps} steps, {format_seconds(cnt.overrun_s)}"),
         ("windows", str(cnt.windows)), ("killed steps", str(cnt.killed_steps)),

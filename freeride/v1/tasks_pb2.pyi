@@ -76,7 +76,7 @@ class TaskCounters(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., windows: _Optional[int] = ..., killed_steps: _Optional[int] = ..., step_estimate_s: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "spec", "state", "reason", "restarts", "created_unix_s", "updated_unix_s", "counters", "progress", "checkpoint_steps", "kind", "pid", "memory_bytes")
+    __slots__ = ("id", "spec", "state", "reason", "restarts", "created_unix_s", "updated_unix_s", "counters", "progress", "checkpoint_steps", "kind", "pid", "memory_bytes", "log_path")
     class ProgressEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class TaskInfo(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: TaskSpec
     state: TaskState
@@ -110,7 +111,8 @@ class TaskInfo(_message.Message):
     kind: str
     pid: int
     memory_bytes: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., progress: _Optional[_Mapping[str, float]] = ..., checkpoint_steps: _Optional[int] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    log_path: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., state: _Optional[_Union[TaskState, str]] = ..., reason: _Optional[str] = ..., restarts: _Optional[int] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., counters: _Optional[_Union[TaskCounters, _Mapping]] = ..., progress: _Optional[_Mapping[str, float]] = ..., checkpoint_steps: _Optional[int] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., log_path: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("spec",)
@@ -355,6 +357,24 @@ class TimelineResponse(_message.Message):
     windows: _containers.RepeatedCompositeFieldContainer[WindowRecord]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     def __init__(self, gpu: _Optional[int] = ..., now_ns: _Optional[int] = ..., bubbles: _Optional[_Iterable[_Union[BubbleSpan, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[WindowRecord, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+
+class LogsRequest(_message.Message):
+    __slots__ = ("id", "follow", "tail_lines")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    follow: bool
+    tail_lines: int
+    def __init__(self, id: _Optional[str] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("data", "path")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    path: str
+    def __init__(self, data: _Optional[bytes] = ..., path: _Optional[str] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ("task", "files_removed", "bytes_freed")

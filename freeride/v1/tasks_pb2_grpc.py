@@ -89,6 +89,11 @@ class TaskServiceStub:
                 request_serializer=freeride_dot_v1_dot_tasks__pb2.PruneRequest.SerializeToString,
                 response_deserializer=freeride_dot_v1_dot_tasks__pb2.PruneResponse.FromString,
                 _registered_method=True)
+        self.Logs = channel.unary_stream(
+                '/freeride.v1.TaskService/Logs',
+                request_serializer=freeride_dot_v1_dot_tasks__pb2.LogsRequest.SerializeToString,
+                response_deserializer=freeride_dot_v1_dot_tasks__pb2.LogChunk.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer:
@@ -161,6 +166,14 @@ class TaskServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Logs(self, request, context):
+        """A task's output: the stored log (its rotated part first), then with `follow` new output as it is
+        written, until the task is over (DONE, FAILED, CANCELLED or PAUSED, and its worker gone).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +231,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.Prune,
                     request_deserializer=freeride_dot_v1_dot_tasks__pb2.PruneRequest.FromString,
                     response_serializer=freeride_dot_v1_dot_tasks__pb2.PruneResponse.SerializeToString,
+            ),
+            'Logs': grpc.unary_stream_rpc_method_handler(
+                    servicer.Logs,
+                    request_deserializer=freeride_dot_v1_dot_tasks__pb2.LogsRequest.FromString,
+                    response_serializer=freeride_dot_v1_dot_tasks__pb2.LogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +535,33 @@ class TaskService:
             '/freeride.v1.TaskService/Prune',
             freeride_dot_v1_dot_tasks__pb2.PruneRequest.SerializeToString,
             freeride_dot_v1_dot_tasks__pb2.PruneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Logs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/freeride.v1.TaskService/Logs',
+            freeride_dot_v1_dot_tasks__pb2.LogsRequest.SerializeToString,
+            freeride_dot_v1_dot_tasks__pb2.LogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,93 @@
+"""`freeride logs` and the capped task logs, against a real agent: a finished task's output and
+traceback, following a running task until it is over, the cap, and an unknown id."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+from conftest import FAST, BackgroundTrainer
+
+from freeride.client import AgentClient
+from freeride.tooling.harness import AgentProcess, wait_for_task
+from freeride.v1 import tasks_pb2
+
+S = tasks_pb2
+CHATTY = f"{Path(__file__).parents[1] / 'tasks' / 'escape.py'}:Chatty"
+
+
+def freeride(*args: object) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")} | {"COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "freeride", *map(str, args)], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+
+
+def test_logs_of_a_failed_task_show_its_output_and_traceback(agent: AgentProcess, client: AgentClient) -> None:
+    task = client.submit(S.TaskSpec(ref=CHATTY, args={"steps": "3", "lines_per_step": "2", "fail": "1"},
+                                    max_restarts=0))
+    with BackgroundTrainer(agent, [20.0]):
+        wait_for_task(client, task.id, [S.TASK_STATE_FAILED], timeout_s=30)
+    info = client.get(task.id)
+    assert info.log_path.endswith(f"task-{task.id}.log")
+
+    res = freeride("logs", task.id, "--agent", agent.socket)
+    assert res.returncode == 0, res.stderr
+    assert "".join(f"line {i}\n" for i in range(6)) + "last line\n" in res.stdout
+    assert "Traceback (most recent call last)" in res.stdout and "ValueError: the end" in res.stdout
+
+    tail = freeride("logs", task.id, "--tail", "3", "--agent", agent.socket)
+    assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 3, tail.stdout
+    assert tail.stdout == "".join(res.stdout.splitlines(keepends=True)[-3:])
+
+    show = freeride("show", task.id, "--agent", agent.socket)
+    assert info.log_path in show.stdout, show.stdout
+
+
+def test_logs_follow_a_running_task_until_it_is_cancelled(agent: AgentProcess, client: AgentClient) -> None:
+    task = client.submit(S.TaskSpec(ref=CHATTY, args={"steps": "0"}))  # prints a line a step, forever
+    with BackgroundTrainer(agent, [20.0]):
+        stream = client.logs(task.id, follow=True)
+        guard = threading.Timer(60, stream.cancel)  # a hang fails the test (CANCELLED) instead of blocking it
+        guard.start()
+        seen = b""
+        try:
+            for chunk in stream:
+                seen += chunk.data
+                if b"line 3\n" in seen and client.get(task.id).state != S.TASK_STATE_CANCELLED:
+                    client.cancel(task.id)  # the stream goes on until the worker is gone, then ends by itself
+        except grpc.RpcError as exc:
+            raise AssertionError(f"the follow did not end with its task: {exc.code()}") from None
+        finally:
+            guard.cancel()
+    assert wait_for_task(client, task.id, [S.TASK_STATE_CANCELLED]).pid == 0
+    assert seen.startswith(b"line 0\nline 1\nline 2\nline 3\n")
+    stored = b"".join(c.data for c in client.logs(task.id))
+    assert stored == seen  # everything it wrote, once: the stored part, then the followed part
+
+
+def test_a_task_printing_in_a_loop_stays_under_twice_the_cap(tmp_path: Path) -> None:
+    cap = 64 * 1024
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--log-max-bytes", str(cap)]) as agent, \
+            agent.client() as client:
+        # 60 steps of 2000 lines: ~1.3 MB, 20x the cap.
+        task = client.submit(S.TaskSpec(ref=CHATTY, args={"steps": "60", "lines_per_step": "2000"}))
+        with BackgroundTrainer(agent, [20.0]):
+            followed = b"".join(c.data for c in client.logs(task.id, follow=True))  # ends once its worker is gone
+        assert wait_for_task(client, task.id, [S.TASK_STATE_DONE]).pid == 0
+        assert b"line 119999\nlast line\n" in followed
+        log = Path(client.get(task.id).log_path)
+        old = log.with_name(log.name + ".1")
+        assert log.stat().st_size <= cap and old.stat().st_size <= cap
+        out = freeride("logs", task.id, "--agent", agent.socket)
+        assert out.returncode == 0 and len(out.stdout) == log.stat().st_size + old.stat().st_size <= 2 * cap
+        assert "line 119999\nlast line\n" in out.stdout  # the newest output is kept
+
+
+def test_logs_of_an_unknown_task_is_one_line_and_exit_2(agent: AgentProcess) -> None:
+    res = freeride("logs", "999", "--agent", agent.socket)
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert "no task with id '999'" in res.stderr and "Traceback" not in res.stderr
