@@ -195,9 +195,10 @@ def plain_run(out_dir: Path, config: PipelineConfig = PIPELINE) -> list[dict[str
     return launch(config, out_dir)
 
 
-def node_agents(root: Path, ranks: int = 2) -> list[TaggedAgent]:
+def node_agents(root: Path, ranks: int = 2, extra_args: Iterable[str] = FAST) -> list[TaggedAgent]:
     """Tagged agents (not started), one per rank, sockets side by side in `root` where ranks look them up."""
-    return [tagged_agent(root / f"state{r}", gpu=r) for r in range(ranks)]  # socket: root/agent-gpuR.sock
+    return [tagged_agent(root / f"state{r}", gpu=r, extra_args=extra_args)
+            for r in range(ranks)]  # socket: root/agent-gpuR.sock
 
 
 class Training:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import BackgroundTrainer
+from conftest import FAST, BackgroundTrainer
 from fault_support import (
     Ledger,
     TaggedAgent,
@@ -68,7 +68,8 @@ def faults(tmp: Path) -> dict[str, tuple[tasks_pb2.TaskSpec, int, str]]:
 
 @pytest.fixture
 def two_agents(tmp_path: Path) -> Iterator[list[TaggedAgent]]:
-    procs = node_agents(tmp_path / "sockets")
+    # Twelve tasks resident at once on one agent: above the default cap on resident workers.
+    procs = node_agents(tmp_path / "sockets", extra_args=[*FAST, "--max-workers", "16"])
     try:
         yield [p.start() for p in procs]
     finally:
