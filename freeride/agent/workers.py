@@ -37,6 +37,9 @@ _EMPTIED_S = 10.0  # bound on the wait for a killed group to empty (a process st
 WORKER_MARK = "FREERIDE_WORKER"
 # The agent's GPU index (`--gpu`), in every worker's environment: the worker's TaskContext.gpu.
 GPU_ENV = "FREERIDE_GPU"
+# The task's log file, in every worker's environment: once the agent (and its log writer) is gone, the
+# worker writes its last words (its final checkpoint's output) there itself, not into a broken pipe.
+LOG_FILE_ENV = "FREERIDE_LOG_FILE"
 
 
 @dataclass
@@ -120,6 +123,7 @@ class WorkerLauncher:
         env["PYTHONUNBUFFERED"] = "1"
         env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
         env[GPU_ENV] = str(self._gpu)
+        env[LOG_FILE_ENV] = str(path)
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
         window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
         argv = [sys.executable, "-m", "freeride.sdk.worker", "--agent", self._target, "--task-id", task_id,

@@ -365,8 +365,8 @@ class Worker:
                 elif which == "setup":
                     s.setup = cmd.setup
                     s.setup_received.set()
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError:  # the agent is gone (killed), with the log writer that reads our output
+            _write_own_log()
         s.lost = True
         s.setup_received.set()
         s.wake()
@@ -552,6 +552,25 @@ class Worker:
         self.gate.total_steps = int(payload["steps"])
         self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
         return self.gate.total_steps
+
+
+def _write_own_log(environ: dict[str, str] | None = None) -> bool:
+    """The agent is gone, and with it the log writer that reads this worker's output pipe: point stdout and
+    stderr at the task's log file (FREERIDE_LOG_FILE, set by the agent), so the output of the final checkpoint
+    is kept rather than failing with BrokenPipeError. False when there is no such file to write to."""
+    path = (os.environ if environ is None else environ).get("FREERIDE_LOG_FILE", "")
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        for target in (1, 2):
+            os.dup2(fd, target)  # (dup2 clears close-on-exec on the target: children still inherit them)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _die(reason: str) -> NoReturn:
