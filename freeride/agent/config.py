@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from freeride.agent.retention import parse_retention
 from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
+from freeride.core.units import parse_retention
 from freeride.errors import FreerideError, InvalidSpecError
 
 # A submit's check may wait for a free slot (freeride.agent.refcheck.QUEUE_WAIT_S), then run up to

@@ -15,16 +15,16 @@ from typing import Any
 
 import grpc
 
-from freeride.agent.retention import FINISHED, format_duration, parse_duration
+from freeride.agent.model import TaskState
 from freeride.cli import _agents
 from freeride.cli.common import UsageError, message_dict, print_json
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
-from freeride.core.units import format_size
+from freeride.core.units import format_duration, format_size, parse_duration
 from freeride.errors import FreerideError
 from freeride.v1 import tasks_pb2
 
-_FINISHED_NAMES = sorted(s.value for s in FINISHED)
+_FINISHED_NAMES = sorted(s.value for s in TaskState if s.terminal)  # what rm and prune remove
 # Which tasks `ACTION --all` acts on (by their stored state: a RUNNING task is stored READY).
 _BULK_STATES = {
     "cancel": ("SUBMITTED", "STARTING", "READY", "PAUSED"),

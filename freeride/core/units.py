@@ -41,3 +41,38 @@ def format_seconds(s: float) -> str:
     if s >= 1:
         return f"{s:.2f} s"
     return f"{s * 1000:.1f} ms"
+
+
+FOREVER = ("0", "forever")  # --retention values that keep finished tasks forever
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MIN_RETENTION_S = 60.0
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' (or '0') -> seconds; anything else is InvalidSpecError saying what to write."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if text.strip() == "0":
+        return 0.0
+    if m is None:
+        raise InvalidSpecError(f"bad duration {text!r}: use a number and a unit (s, m, h, d or w), like 30m, 12h or 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_retention(text: str) -> float | None:
+    """--retention: a duration (> 0), or '0' / 'forever' to keep finished tasks forever (None)."""
+    if text.strip().lower() in FOREVER:
+        return None
+    keep_s = parse_duration(text)
+    if keep_s < MIN_RETENTION_S:
+        raise InvalidSpecError(f"a retention of {text!r} is too short: use at least 1m, or 0 / forever to keep "
+                               "finished tasks forever")
+    return keep_s
+
+
+def format_duration(seconds: float) -> str:
+    """The largest unit that divides it: 604800 -> '7d', 5400 -> '90m'."""
+    for unit in ("w", "d", "h", "m"):
+        if seconds >= _UNIT_S[unit] and seconds % _UNIT_S[unit] == 0:
+            return f"{seconds / _UNIT_S[unit]:g}{unit}"
+    return f"{seconds:g}s"

@@ -15,18 +15,10 @@ from engine_fakes import ManualTimers, in_loop
 
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.registry import Registry, RegistryWriteError
-from freeride.agent.retention import (
-    Retention,
-    expired,
-    format_duration,
-    next_pass_s,
-    parse_duration,
-    parse_retention,
-    regular_files,
-    task_files,
-)
+from freeride.agent.retention import Retention, expired, next_pass_s, regular_files, task_files
 from freeride.agent.store import Store
 from freeride.agent.tasks import TaskRuntime, TaskTable
+from freeride.core.units import format_duration, parse_duration, parse_retention
 from freeride.errors import InvalidSpecError, InvalidStateError
 
 DAY_S = 86400.0
