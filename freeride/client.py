@@ -46,7 +46,7 @@ class Client:
             target = os.environ.get("FREERIDE_AGENT", "").split(",")[0].strip() or None
         self.target = agent_target(target)
         self.timeout_s = timeout_s
-        self._raw_channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._raw_channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         self._channel = (
             grpc.intercept_channel(self._raw_channel, token_interceptor(token)) if token else self._raw_channel
         )
