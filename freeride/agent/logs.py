@@ -27,8 +27,10 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _READ_BYTES = 64 * 1024
 _READS_PER_TURN = 16  # per pipe and wake-up, so one chatty task cannot starve the others
@@ -180,21 +182,22 @@ class TaskLogs:
         """The stored log (its last `tail_lines` lines; 0: all of it), then with `follow` what is written
         after, until `over()` (checked after every wake-up: output, poke) says the task's worker is gone."""
         follower = _Follower(self._loop) if follow else None
-        parts = await asyncio.to_thread(self._snapshot, task_id, follower)
+        stored: list[tuple[int, int, int]] = []  # the snapshot's open files: closed here, once, whatever happens
         try:
             try:
-                if tail_lines:
-                    parts = await asyncio.to_thread(_tail, parts, tail_lines)
+                await _in_thread(self._snapshot, task_id, follower, stored)
+                parts = await _in_thread(_tail, stored, tail_lines) if tail_lines else stored
                 for fd, start, end in parts:
                     while start < end:
-                        chunk = await asyncio.to_thread(os.pread, fd, min(_CHUNK_BYTES, end - start), start)
+                        chunk = await _in_thread(os.pread, fd, min(_CHUNK_BYTES, end - start), start)
                         if not chunk:
                             break
                         start += len(chunk)
                         yield chunk
             finally:
-                for fd, _, _ in parts:
+                for fd, _, _ in stored:
                     os.close(fd)
+                stored.clear()
             while follower is not None:
                 follower.event.clear()
                 finished = over()
@@ -208,9 +211,10 @@ class TaskLogs:
         finally:
             if follower is not None:
                 with self._followers_lock:
-                    self._followers[task_id].discard(follower)
-                    if not self._followers[task_id]:
-                        del self._followers[task_id]
+                    followers = self._followers.get(task_id, set())
+                    followers.discard(follower)
+                    if not followers:
+                        self._followers.pop(task_id, None)
 
     def close(self) -> None:
         """Take what is left in the pipes, close the files, end the thread."""
@@ -227,10 +231,10 @@ class TaskLogs:
         with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
             os.write(self._wake_w, b"\0")
 
-    def _snapshot(self, task_id: str, follower: _Follower | None) -> list[tuple[int, int, int]]:
-        """(fd, start, end) of the stored log, as of the moment the follower (if any) starts receiving."""
+    def _snapshot(self, task_id: str, follower: _Follower | None, parts: list[tuple[int, int, int]]) -> None:
+        """(fd, start, end) of the stored log into `parts`, as of the moment the follower (if any) starts
+        receiving."""
         path = self.path(task_id)
-        parts = []
         with self._lock:
             for p in (rotated(path), path):
                 with contextlib.suppress(FileNotFoundError):
@@ -239,7 +243,6 @@ class TaskLogs:
             if follower is not None:
                 with self._followers_lock:
                     self._followers.setdefault(task_id, set()).add(follower)
-        return parts
 
     # -- the writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -341,14 +344,26 @@ class TaskLogs:
         self._selector.close()
 
 
+async def _in_thread(func: Callable[..., _T], *args: object) -> _T:
+    """`func(*args)` in a thread, awaited to its end even when the caller is cancelled meanwhile: it works on
+    file descriptors the caller closes once it returns (closed under it, a number could be reused)."""
+    done = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await done
+        raise
+
+
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
 
 
 def _tail(parts: list[tuple[int, int, int]], lines: int) -> list[tuple[int, int, int]]:
-    """The parts cut to their last `lines` lines (a last line without its newline counts); the fds of
-    the parts left out are closed."""
+    """The parts cut to their last `lines` lines (a last line without its newline counts); no fd is closed
+    (the caller closes every part's)."""
     seen, last = 0, True
     for k in range(len(parts) - 1, -1, -1):
         fd, start, end = parts[k]
@@ -363,8 +378,6 @@ def _tail(parts: list[tuple[int, int, int]], lines: int) -> list[tuple[int, int,
             while (i := block.rfind(b"\n", 0, i)) >= 0:
                 seen += 1
                 if seen == lines:
-                    for dropped, _, _ in parts[:k]:
-                        os.close(dropped)
                     return [(fd, lo + i + 1, end), *parts[k + 1:]]
             pos = lo
     return parts

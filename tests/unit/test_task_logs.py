@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from freeride.agent import logs as logs_module
 from freeride.agent.logs import TaskLogs, rotated
 from freeride.agent.workers import last_log_line
 
@@ -104,3 +107,49 @@ def test_an_unknown_task_has_an_empty_log(run: asyncio.AbstractEventLoop, tmp_pa
 
     assert run.run_until_complete(main()) == b""
 
+
+
+def test_a_reader_cancelled_during_its_tail_closes_each_file_once(
+    run: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail is cut in a thread on the snapshot's descriptors: a reader that goes away meanwhile (Ctrl-C on
+    `freeride logs --tail`) must not close them under that thread, nor may the thread close them again."""
+    started, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    real_tail = logs_module._tail
+
+    def slow_tail(parts: list[tuple[int, int, int]], lines: int) -> list[tuple[int, int, int]]:
+        started.set()
+        release.wait(10)
+        try:
+            return real_tail(parts, lines)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    monkeypatch.setattr(logs_module, "_tail", slow_tail)
+
+    async def main() -> bool:
+        logs = TaskLogs(tmp_path, max_bytes=10_000)
+        try:
+            r, w = logs.pipe("1")
+            _write(w, b"".join(b"line %06d\n" % i for i in range(2_000)))  # 22 kB: a rotated part and the current
+            os.close(w)
+            await logs.drain(r)
+            reader = asyncio.ensure_future(_collect(logs.read("1", 2, False, lambda: True)))
+            await asyncio.to_thread(started.wait, 10)
+            reader.cancel()
+            for _ in range(3):  # the reader's turns to act on its cancellation
+                await asyncio.sleep(0)
+            release.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            return reader.cancelled()
+        finally:
+            release.set()
+            logs.close()
+
+    fds_before = set(os.listdir("/proc/self/fd"))
+    assert run.run_until_complete(main())
+    assert errors == []  # the thread read (and closed nothing) on descriptors still open
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
