@@ -31,6 +31,7 @@ from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
 from freeride.core.auth import read_token
+from freeride.core.paths import file_kind
 from freeride.gpu.control import GpuControl
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -89,10 +90,7 @@ def _what_is_at(path: Path) -> str:
         return "a symlink to nothing"
     if stat.S_ISSOCK(mode):
         return ""
-    kinds = {stat.S_ISREG: "a regular file", stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a fifo",
-             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
-    what = next((name for test, name in kinds.items() if test(mode)), "something else")
-    return f"a symlink to {what}" if path.is_symlink() else what
+    return f"a symlink to {file_kind(mode)}" if path.is_symlink() else file_kind(mode)
 
 
 def _socket_gid(config: AgentConfig) -> int | None:

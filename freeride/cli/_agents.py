@@ -17,7 +17,7 @@ import grpc
 from freeride.cli.common import UsageError
 from freeride.client import AgentClient
 from freeride.core.auth import token_from
-from freeride.core.paths import agent_target, default_runtime_dir
+from freeride.core.paths import agent_target, default_runtime_dir, file_kind
 
 T = TypeVar("T")
 _NUMBER = re.compile(r"(\d+)")
@@ -81,14 +81,6 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
-def _what(mode: int) -> str:
-    for check, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a fifo"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if check(mode):
-            return name
-    return "no socket"
-
-
 def check_socket(target: str) -> None:
     """A unix target whose path exists but is no socket is a usage error that says what it is instead (a
     missing path is left to the call: 'no agent answers')."""
@@ -100,7 +92,7 @@ def check_socket(target: str) -> None:
     except OSError:
         return
     if not stat.S_ISSOCK(mode):
-        raise UsageError(f"{path} is not a socket: it is {_what(mode)}; pass the agent's socket "
+        raise UsageError(f"{path} is not a socket: it is {file_kind(mode)}; pass the agent's socket "
                          "(the --socket it was started with)")
 
 

@@ -7,6 +7,7 @@ so that none of them imports another's package for a path.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
@@ -32,3 +33,12 @@ def agent_target(address: str | None = None, gpu: int = 0) -> str:
     if address.startswith(("/", ".")) or address.endswith(".sock"):
         return f"unix:{Path(address).absolute()}"
     return address
+
+
+_FILE_KINDS = ((stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+               (stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words ("a regular file", "a socket", ...): for messages about a socket path."""
+    return next((name for test, name in _FILE_KINDS if test(mode)), "something else")
