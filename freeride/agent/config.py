@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import grp
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from freeride.core.cpu import Placement, parse_cpu_list
 from freeride.core.paths import default_socket
-from freeride.core.units import parse_retention
+from freeride.core.units import parse_retention, parse_size
 from freeride.errors import FreerideError, InvalidSpecError
 
 # A submit's check may wait for a free slot (freeride.agent.refcheck.QUEUE_WAIT_S), then run up to
@@ -203,20 +204,36 @@ class AgentConfig:
 
 
 def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
-    """Values from FREERIDE_<FIELD> variables, converted to each field's type."""
+    """Values from FREERIDE_<FIELD> variables, converted to each field's type as its flag converts it: a
+    `*_bytes` field takes a size like its flag (64KiB), a number must be finite."""
     out: dict[str, object] = {}
     for f in fields(AgentConfig):
         raw = env.get(f"FREERIDE_{f.name.upper()}")
         if raw is None or raw == "":
             continue
-        kind = {"int": int, "float": float, "str": str}.get(str(f.type))
+        kind = _ENV_TYPES.get(str(f.type))
         try:
             if "Path" in str(f.type):
                 out[f.name] = Path(raw)
+            elif f.name.endswith("_bytes"):
+                out[f.name] = parse_size(raw)
             elif kind is not None:
                 out[f.name] = kind(raw)
             else:
                 out[f.name] = raw
-        except ValueError:
-            raise ConfigError(f"FREERIDE_{f.name.upper()}={raw!r} is not a valid {f.type}") from None
+        except (ValueError, InvalidSpecError):
+            what = ("size like 64KiB or 1GiB" if f.name.endswith("_bytes")
+                    else "finite number" if str(f.type) == "float" else str(f.type))
+            raise ConfigError(f"FREERIDE_{f.name.upper()}={raw!r} is not a valid {what}") from None
     return out
+
+
+def _finite(raw: str) -> float:
+    """A float env value; ValueError for nan and the infinities (as the float flags refuse them)."""
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
+_ENV_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": _finite, "str": str}

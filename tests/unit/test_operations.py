@@ -69,3 +69,18 @@ def test_refusal_logging_has_a_budget_that_refills_and_counts_what_it_skipped() 
     assert budget.suppressed == 2
     now[0] = 1.0  # one second refills one line
     assert budget.take() and not budget.take()
+
+
+def test_size_env_twins_take_sizes_as_their_flags_do() -> None:
+    env = {"FREERIDE_LOG_MAX_BYTES": "64KiB", "FREERIDE_HEADROOM_BYTES": "2GiB"}
+    c = AgentConfig(**env_defaults(env)).validate()  # type: ignore[arg-type]
+    assert (c.log_max_bytes, c.headroom_bytes) == (64 << 10, 2 << 30)
+    assert AgentConfig(**env_defaults({"FREERIDE_LOG_MAX_BYTES": "65536"})).log_max_bytes == 65536  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="FREERIDE_LOG_MAX_BYTES='lots' is not a valid size"):
+        env_defaults({"FREERIDE_LOG_MAX_BYTES": "lots"})
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf"])
+def test_a_seconds_env_twin_must_be_finite_as_its_flag_must(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"FREERIDE_CHECKPOINT_TIMEOUT_S=.* is not a valid finite number"):
+        env_defaults({"FREERIDE_CHECKPOINT_TIMEOUT_S": raw})
