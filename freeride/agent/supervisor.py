@@ -239,13 +239,16 @@ class Supervisor:
         if worker.task_id not in self._stop_deadlines:
             timeout_s = self._cfg.checkpoint_timeout_s
             self._stop_deadlines[worker.task_id] = self._call_later(
-                timeout_s, lambda: self._checkpoint_overdue(worker, desired, timeout_s))
+                timeout_s, lambda: self._checkpoint_overdue(worker, timeout_s))
 
-    def _checkpoint_overdue(self, worker: Worker, desired: TaskState, timeout_s: float) -> None:
-        """A worker asked to stop has not exited within --checkpoint-timeout-s: kill it, and say so in its reason."""
+    def _checkpoint_overdue(self, worker: Worker, timeout_s: float) -> None:
+        """A worker asked to stop has not exited within --checkpoint-timeout-s: kill it, and say so in its reason
+        (the stop asked for last: a pause turned into a cancel while it checkpointed is a cancel)."""
         self._stop_deadlines.pop(worker.task_id, None)
-        if self._table.worker(worker.task_id) is not worker:
+        rt = self._table.live.get(worker.task_id)
+        if self._table.worker(worker.task_id) is not worker or rt is None or rt.desired is None:
             return
+        desired = rt.desired
         rec = self._table.records[worker.task_id]
         verb = "pause" if desired is TaskState.PAUSED else "cancel"
         why = (f"its checkpoint after {verb} did not finish within {timeout_s:g}s (--checkpoint-timeout-s); "

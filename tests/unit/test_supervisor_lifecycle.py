@@ -166,3 +166,21 @@ async def test_restarts_and_the_gave_up_count_agree_whatever_ended_each_worker(t
     assert rec.state is TaskState.FAILED
     gave_up = re.search(r"gave up after (\d+) restarts", rec.reason)
     assert gave_up is not None and int(gave_up[1]) == rec.restarts == 3
+
+
+@in_loop
+async def test_a_pause_turned_cancel_while_it_checkpoints_is_killed_as_a_cancel(rig: Rig) -> None:
+    """The deadline runs from the first stop; when it fires the reason names the stop asked for last."""
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    rig.sup.stop(rec, TaskState.PAUSED)
+    rig.table.set_state(rec, TaskState.PAUSED, "paused by user")
+    rig.sup.stop(rec, TaskState.CANCELLED)
+    rig.table.set_state(rec, TaskState.CANCELLED, "cancelled by user")
+    assert len(rig.timers.pending()) == 1  # one deadline: the cancel does not extend the pause's
+    rig.timers.fire_next()
+    why = ("its checkpoint after cancel did not finish within 300s (--checkpoint-timeout-s); "
+           "its worker was killed, its previous checkpoint is kept")
+    assert worker.kills == [why]
+    worker.exit(-9)
+    assert (rec.state, rec.reason) == (TaskState.CANCELLED, f"cancelled by user; {why}")
