@@ -81,6 +81,8 @@ class RefChecks:
                 out, err = await asyncio.wait_for(io, _PIPES_AFTER_EXIT_S)
             except TimeoutError:
                 out, err = b"", b""
+        if self._closed and proc.returncode != 0:  # killed by close(): its silence is no verdict on the task
+            raise InvalidStateError("the agent is shutting down; submit again once it is back")
         if timed_out:
             module = spec.ref.rpartition(":")[0] or spec.ref
             raise TaskRefError(
