@@ -22,9 +22,9 @@ class SideTask:
 
 
 # The side tasks the demo can run. Each stage gets all of SIDE_TASKS (--placement all) or one of them, round
-# robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 10 ms:
-# a CPU pipeline's bubbles are tens of milliseconds.
-_SMALL_STEPS = {"max_step_ms": "10", "device": "{device}"}
+# robin (--placement spread); each task's progress() keys are reported as they are. Steps of at most 5 ms:
+# a CPU pipeline's bubbles are 20-60 ms, and a step that does not fit the rest of one is not started.
+_SMALL_STEPS = {"max_step_ms": "5", "device": "{device}"}
 SIDE_TASKS = (
     SideTask("digits-resnet", "sidetasks.cnn:DigitsResNet", {"seed": "{stage}", **_SMALL_STEPS}),
     SideTask("pagerank", "sidetasks.pagerank:PageRank", {"seed": "{stage}", **_SMALL_STEPS}),
@@ -51,7 +51,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=int, default=128, help="transformer width")
     p.add_argument("--layers-per-stage", type=int, help="transformer blocks per stage (default: 8 in all)")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--microbatch-size", type=int, default=8,
+                   help="sequences per micro-batch (default 8: bubbles of tens of ms on a CPU, long against a step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the stages train: cpu (gloo) or cuda (one GPU per stage, NCCL)")
     p.add_argument("--placement", choices=["all", "spread"], default="all",
