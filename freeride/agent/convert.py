@@ -103,6 +103,7 @@ def task_to_pb(view: TaskView) -> tasks_pb2.TaskInfo:
         kind=rec.kind,
         pid=view.pid,
         memory_bytes=view.memory_bytes,
+        log_path=view.log_path,
     )
 
 

@@ -115,7 +115,8 @@ class Agent:
         rt = self.table.live.get(rec.id)
         worker = rt.worker if rt is not None else None
         return TaskView(rec, slot is not None and slot.window_id != 0, worker.pid if worker is not None else 0,
-                        (rt.memory_bytes or 0) if rt is not None and worker is not None else 0)
+                        (rt.memory_bytes or 0) if rt is not None and worker is not None else 0,
+                        self.log_path(rec.id))
 
     # -- start and stop --------------------------------------------------------------------------
     async def start(self) -> None:

@@ -144,6 +144,7 @@ class TaskView(NamedTuple):
     running: bool  # it holds a window now (shown as RUNNING)
     pid: int  # 0: no worker
     memory_bytes: int  # at the watchdog's latest sample; 0: no worker
+    log_path: str = ""  # where its output is stored ("" when the agent keeps no task logs)
 
 
 class TaskChanged(NamedTuple):

@@ -67,9 +67,7 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
         self._agent = agent
 
     def _info(self, rec: TaskRecord) -> tasks_pb2.TaskInfo:
-        info = task_to_pb(self._agent.info(rec))
-        info.log_path = self._agent.log_path(rec.id)
-        return info
+        return task_to_pb(self._agent.info(rec))
 
     @_status_errors
     async def Submit(self, request: tasks_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> tasks_pb2.TaskInfo:

@@ -33,6 +33,8 @@ def test_logs_of_a_failed_task_show_its_output_and_traceback(agent: AgentProcess
         wait_for_task(client, task.id, [S.TASK_STATE_FAILED], timeout_s=30)
     info = client.get(task.id)
     assert info.log_path.endswith(f"task-{task.id}.log")
+    # Every answer that carries the task names its log, not only Get and List.
+    assert {t.id: t.log_path for t in client.stats().tasks}[task.id] == info.log_path
 
     res = freeride("logs", task.id, "--agent", agent.socket)
     assert res.returncode == 0, res.stderr

@@ -74,8 +74,9 @@ def test_a_window_carries_its_steps_only_when_the_history_gave_them() -> None:
 def test_a_ready_task_holding_a_window_shows_as_running() -> None:
     rec = TaskRecord("1", TaskSpec("t", "m:T"), TaskState.READY)
     assert task_to_pb(TaskView(rec, True, 42, 1024)).state == tasks_pb2.TASK_STATE_RUNNING
-    info = task_to_pb(TaskView(rec, False, 42, 1024))
-    assert (info.state, info.pid, info.memory_bytes) == (tasks_pb2.TASK_STATE_READY, 42, 1024)
+    info = task_to_pb(TaskView(rec, False, 42, 1024, "/state/logs/task-7.log"))
+    assert (info.state, info.pid, info.memory_bytes, info.log_path) == (
+        tasks_pb2.TASK_STATE_READY, 42, 1024, "/state/logs/task-7.log")
 
 
 def test_unbounded_usable_memory_is_minus_one_on_the_wire() -> None:
