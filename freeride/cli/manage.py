@@ -132,18 +132,27 @@ def _client_for(ns: argparse.Namespace, target: str | None, task_id: str) -> Age
 
 
 def _act(ns: argparse.Namespace, target: str | None, task_id: str) -> dict[str, Any]:
-    result: dict[str, Any] = {"agent": target, "id": task_id, "info": None, "error": None}
+    agent, info, error = _on_task(ns, target, task_id, lambda c: {"cancel": c.cancel, "pause": c.pause,
+                                                                   "resume": c.resume}[ns.action](task_id))
+    return {"agent": agent, "id": task_id, "info": info, "error": error}
+
+
+def _on_task(ns: argparse.Namespace, target: str | None, task_id: str,
+             call: Callable[[AgentClient], Any]) -> tuple[str | None, Any, str | None]:
+    """`call` on the client of the task's agent: (that agent, its answer, None), or (the agent if one was found,
+    None, why this one task was refused). Anything but a refusal (no agent answers) is raised."""
+    agent = target
     try:
         with _client_for(ns, target, task_id) as c:
-            result["agent"] = ns.target
-            result["info"] = {"cancel": c.cancel, "pause": c.pause, "resume": c.resume}[ns.action](task_id)
+            agent = ns.target
+            return agent, call(c), None
     except UsageError as exc:  # (several agents: none or more than one has it)
-        result["error"] = str(exc)
+        return agent, None, str(exc)
     except grpc.RpcError as exc:
-        result["error"] = _refusal(exc)
-        if result["error"] is None:
+        refusal = _refusal(exc)
+        if refusal is None:
             raise
-    return result
+        return agent, None, refusal
 
 
 # -- rm ---------------------------------------------------------------------------------------------
@@ -151,23 +160,13 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     refused = False
     for task_id in dict.fromkeys(ns.task_ids):
-        entry: dict[str, Any] = {"agent": None, "id": task_id, "removed": None, "error": None}
-        try:
-            with _agents.owner(ns, task_id) as c:
-                entry["agent"] = ns.target
-                removed = c.delete(task_id)
-        except UsageError as exc:
-            entry["error"] = str(exc)
-        except grpc.RpcError as exc:
-            entry["error"] = _refusal(exc)
-            if entry["error"] is None:
-                raise
-        else:
-            entry["removed"] = message_dict(removed)
-            if not ns.json:
-                t = removed.task
-                print(f"removed task {t.id} ({t.spec.name}, {STATE_NAMES[t.state]}): "
-                      f"{_files(removed.files_removed, removed.bytes_freed)}")
+        agent, removed, error = _on_task(ns, None, task_id, lambda c: c.delete(task_id))  # noqa: B023 - called now
+        entry: dict[str, Any] = {"agent": agent, "id": task_id,
+                                 "removed": message_dict(removed) if removed is not None else None, "error": error}
+        if removed is not None and not ns.json:
+            t = removed.task
+            print(f"removed task {t.id} ({t.spec.name}, {STATE_NAMES[t.state]}): "
+                  f"{_files(removed.files_removed, removed.bytes_freed)}")
         if entry["error"] is not None:
             refused = True
             print(f"freeride: error: {entry['error']}", file=sys.stderr)
