@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +157,27 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
         yield a
     finally:
         a.stop()
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
+    """Block until every pid has exited (via pidfds: an event per process, no polling); the ones left."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], left)
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+        return sorted(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from conftest import FAST
+from conftest import FAST, wait_gone
 
 from freeride.agent.model import Counters
 from freeride.agent.registry import Registry
@@ -78,30 +78,6 @@ def tagged(tag: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
-
-
-def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
-    """Block until every pid has exited (via pidfds: an event per process, no polling); the ones left."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select(list(fds), [], [], left)
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-        return sorted(fds.values())
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def assert_all_reaped(tag: str, timeout_s: float = 30.0, exclude: Iterable[int] = ()) -> None:

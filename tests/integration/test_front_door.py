@@ -6,16 +6,15 @@ Real `freeride agent` and `freeride submit` subprocesses, waits on the health RP
 from __future__ import annotations
 
 import os
-import select
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_gone
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess
@@ -136,29 +135,6 @@ def _pids_from(fifo: Path) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
-def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    """The pids still alive after `timeout_s` (exits are waited on through pidfds, not polled)."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds:
-            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [pid for pid in fds.values() if _alive(pid)]
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -190,7 +166,7 @@ def test_a_task_that_hangs_at_import_is_refused_in_bounded_time_and_its_check_is
 
     line = _one_line(subprocess.CompletedProcess(submit.args, submit.returncode, out, err))
     assert f"importing '{task}' did not finish in 3 s" in line, line
-    assert _wait_gone(pids, 10) == [], "the check (or what it started) outlived its time limit"
+    assert wait_gone(pids, 10) == [], "the check (or what it started) outlived its time limit"
     with quick_check_agent.client() as c:  # the agent is still up and answers
         assert c.list() == []
 
@@ -209,7 +185,7 @@ def test_a_running_check_never_outlives_the_agent(short_dir: Path, how: str) -> 
             assert agent.stop() == 0, agent.log_tail()
         else:
             agent.kill9()
-        assert _wait_gone(pids, 10) == [], f"the check outlived the agent ({how})"
+        assert wait_gone(pids, 10) == [], f"the check outlived the agent ({how})"
     finally:
         agent.stop()
         submit.kill()
