@@ -75,7 +75,7 @@ class WorkerProcess:
                 self._stopping = True
                 self.background.spawn(self._stop_then_kill(self.before_kill))
             return
-        self._killpg()
+        self.kill_all()
 
     async def _stop_then_kill(self, hook: Callable[[int], Awaitable[None]]) -> None:
         try:
@@ -83,9 +83,9 @@ class WorkerProcess:
         except Exception as exc:  # a stuck or failing hook must not keep a worker alive
             log.warning("worker %d: stopping it cleanly failed (%s); killing it", self.proc.pid, exc)
         finally:  # cancelled too (the agent exiting): the kill happens regardless
-            self._killpg()
+            self.kill_all()
 
-    def _killpg(self) -> None:
+    def kill_all(self) -> None:
         """SIGKILL its cgroup (every descendant, wherever it went) and its process group."""
         if self.cgroups is not None and self.group is not None:
             self.cgroups.kill(self.group)
@@ -181,7 +181,7 @@ class WorkerLauncher:
     async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
         # Kill whatever the task started and left behind: its cgroup (all of it), its process group.
-        worker._killpg()
+        worker.kill_all()
         if worker.log_fd >= 0 and self._logs is not None:
             await self._logs.drain(worker.log_fd)  # its last words are in the log before anyone reads it
         worker.window.close()
