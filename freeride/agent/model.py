@@ -20,7 +20,7 @@ class TaskState(enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in _TERMINAL
+        return self in TERMINAL
 
     @property
     def active(self) -> bool:
@@ -28,7 +28,7 @@ class TaskState(enum.Enum):
         return self in (TaskState.STARTING, TaskState.READY, TaskState.RUNNING)
 
 
-_TERMINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
+TERMINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
 
 _ALLOWED: dict[TaskState, frozenset[TaskState]] = {
     TaskState.SUBMITTED: frozenset({TaskState.STARTING, TaskState.PAUSED, TaskState.CANCELLED, TaskState.FAILED}),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from freeride.agent.background import Background
-from freeride.agent.model import TaskRecord, TaskState
+from freeride.agent.model import TERMINAL, TaskRecord, TaskState
 from freeride.agent.store import Store
 from freeride.agent.tasks import TaskTable
 from freeride.agent.timers import CallLater, TimerHandle
@@ -31,7 +31,7 @@ from freeride.errors import InvalidSpecError, InvalidStateError
 
 log = logging.getLogger("freeride.agent")
 
-FINISHED = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
+FINISHED = TERMINAL  # what rm and prune remove: DONE, FAILED, CANCELLED
 _PASS_EVERY_S = 3600.0  # the longest wait between passes
 _MIN_WAIT_S = 1.0  # (a task due now whose worker still exits is retried this soon, not in a busy loop)
 
