@@ -95,9 +95,8 @@ class Client:
 
     def list(self, states: Sequence[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
         """Every task (or those in `states`: TaskState values or names like "READY"), oldest first."""
-        wanted: list[Any] = [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") if isinstance(s, str) else s
-                             for s in states or []]
-        return list(self.tasks.List(tasks_pb2.ListRequest(states=wanted), timeout=self.timeout_s).tasks)
+        request = tasks_pb2.ListRequest(states=_state_values(states or ()))
+        return list(self.tasks.List(request, timeout=self.timeout_s).tasks)
 
     def get(self, task_id: str) -> tasks_pb2.TaskInfo:
         """One task: state, reason, counters, progress, ... (NOT_FOUND for an unknown id)."""
@@ -121,8 +120,9 @@ class Client:
 
     def prune(self, older_than_s: float, states: Sequence[Any] = (), dry_run: bool = False
               ) -> tasks_pb2.PruneResponse:
-        """Remove the finished tasks (of `states`; default all three) last changed over `older_than_s` ago."""
-        request = tasks_pb2.PruneRequest(older_than_s=older_than_s, states=list(states), dry_run=dry_run)
+        """Remove the finished tasks (of `states`, values or names like "FAILED"; default all three) last changed
+        over `older_than_s` ago."""
+        request = tasks_pb2.PruneRequest(older_than_s=older_than_s, states=_state_values(states), dry_run=dry_run)
         return self.tasks.Prune(request, timeout=self.timeout_s)
 
     def stats(self) -> tasks_pb2.StatsResponse:
@@ -146,6 +146,11 @@ class Client:
         """Events as they happen, until `cancel()` is called on the returned stream."""
         stream: EventStream = self.tasks.Watch(tasks_pb2.WatchRequest())
         return stream
+
+
+def _state_values(states: Sequence[Any]) -> list[Any]:
+    """TaskState values, each given as one or by name ("READY", "failed")."""
+    return [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") if isinstance(s, str) else s for s in states]
 
 
 class EventStream(Protocol):

@@ -22,7 +22,6 @@ from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.units import format_duration, format_size, parse_duration
 from freeride.errors import FreerideError
-from freeride.v1 import tasks_pb2
 
 _FINISHED_NAMES = sorted(s.value for s in TaskState if s.terminal)  # what rm and prune remove
 # Which tasks `ACTION --all` acts on (by their stored state: a RUNNING task is stored READY).
@@ -113,8 +112,7 @@ def _every_task(ns: argparse.Namespace) -> tuple[list[tuple[str | None, str]], b
     """(agent, id) of every task `--all` means: of the agents named with --agent, else of every agent here;
     and whether there are several agents."""
     agents = _agents.resolve(_without_all(ns) if ns.agent else ns)
-    states = [tasks_pb2.TaskState.Value(f"TASK_STATE_{s}") for s in _BULK_STATES[ns.action]]
-    listed = _agents.each(ns, agents, lambda c: c.list(states))
+    listed = _agents.each(ns, agents, lambda c: c.list(_BULK_STATES[ns.action]))
     return [(target, t.id) for target, tasks in listed for t in tasks], len(agents.targets) > 1
 
 
@@ -187,7 +185,7 @@ def cmd_prune(ns: argparse.Namespace) -> int:
         if name.upper() not in _FINISHED_NAMES:
             raise UsageError(f"prune removes finished tasks: --state is one of {', '.join(_FINISHED_NAMES)}, "
                              f"not {name!r} (cancel unfinished tasks first)")
-        states.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}"))
+        states.append(name.upper())
     agents = _agents.resolve(ns)
     rows = list(_agents.each(ns, agents, lambda c: c.prune(ns.older_than, states, ns.dry_run)))
     age = format_duration(ns.older_than)
