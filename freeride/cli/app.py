@@ -89,7 +89,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="show one task")
     add_agent_args(show)
     show.add_argument("task_id")
-    show.set_defaults(func=commands.cmd_task_action, action="show")
+    show.set_defaults(func=commands.cmd_show)
     manage.add_parsers(sub, add_agent_args)  # cancel, pause, resume (several ids, --all), rm, prune
 
     lg = sub.add_parser("logs", help="a task's output and traceback; -f follows it until the task is over")

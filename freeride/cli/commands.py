@@ -235,14 +235,11 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_task_action(ns: argparse.Namespace) -> int:
+def cmd_show(ns: argparse.Namespace) -> int:
     with _agents.owner(ns, ns.task_id) as c:
-        info = {"show": c.get, "cancel": c.cancel, "pause": c.pause, "resume": c.resume}[ns.action](ns.task_id)
+        info = c.get(ns.task_id)
     if ns.json:
         print_json({**message_dict(info), "agent": ns.target})
-        return 0
-    if ns.action != "show":
-        print(f"task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
         return 0
     cnt = info.counters
     rows = [
