@@ -140,8 +140,7 @@ async def test_a_stop_asks_an_attached_worker_for_the_matching_control(
     rec = rig.task()
     await rig.sup.start(rec)
     worker = rig.worker(rec)
-    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
-    rig.sup.attach(rec.id, worker.instance, outbox)
+    outbox = attach(rig, rec.id, worker.instance)
     rig.sup.stop(rec, desired)
     rig.table.set_state(rec, desired)
     assert outbox.get_nowait() is control
@@ -162,8 +161,7 @@ async def test_a_worker_stopped_before_it_attached_is_killed_and_told_the_matchi
     rig.sup.stop(rec, desired)
     rig.table.set_state(rec, desired)
     assert worker.kills == [f"{desired.value.lower()} before it attached"]
-    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
-    rig.sup.attach(rec.id, worker.instance, outbox)  # it attached while its kill was on its way
+    outbox = attach(rig, rec.id, worker.instance)  # it attached while its kill was on its way
     assert outbox.get_nowait() is control
 
 
@@ -313,6 +311,13 @@ def grants(worker: FakeWorker) -> list[int]:
     return [call[1] for call in worker.window.calls if call[0] == "grant"]
 
 
+def attach(rig: Rig, task_id: str, instance: int) -> asyncio.Queue[Control | None]:
+    """The worker's stream: what the supervisor sends it lands in the returned queue."""
+    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
+    rig.sup.attach(task_id, instance, outbox)
+    return outbox
+
+
 async def ready_task(rig: Rig) -> tuple[TaskRecord, FakeWorker]:
     rec = rig.task()
     await rig.sup.start(rec)
@@ -366,8 +371,7 @@ async def test_a_waiting_task_is_paused_or_cancelled_as_any_other_and_a_late_res
     rig: Rig, desired: TaskState, control: Control
 ) -> None:
     rec, worker = await ready_task(rig)
-    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
-    rig.sup.attach(rec.id, worker.instance, outbox)
+    outbox = attach(rig, rec.id, worker.instance)
     rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", True))
     rig.sup.stop(rec, desired)
     rig.table.set_state(rec, desired, "by user")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from engine_fakes import MiB, Rig, in_loop
-from test_supervisor import STOPS, bubble, grants, ready_task
+from test_supervisor import STOPS, attach, bubble, grants, ready_task
 
 from freeride.agent.events import Control, Failed, Ready, WindowDone
-from freeride.agent.model import TaskState
+from freeride.agent.model import TaskRecord, TaskState
 
 
 @pytest.fixture
@@ -20,10 +20,10 @@ def rig(tmp_path: Path) -> Rig:
     return Rig(tmp_path)
 
 
-def attach(rig: Rig, task_id: str, instance: int) -> asyncio.Queue[Control | None]:
-    outbox: asyncio.Queue[Control | None] = asyncio.Queue()
-    rig.sup.attach(task_id, instance, outbox)
-    return outbox
+def ask_stop(rig: Rig, rec: TaskRecord, desired: TaskState) -> None:
+    """`freeride pause` or `cancel`, as the agent does it: the stop asked of the worker, the new state."""
+    rig.sup.stop(rec, desired)
+    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
 
 
 # -- bug 3: a checkpoint asked for by pause, cancel or shutdown is no step -------------------------
@@ -38,8 +38,7 @@ async def test_a_task_asked_to_stop_gives_back_its_window_and_gets_no_new_one_wh
     attach(rig, rec.id, worker.instance)
     bubble(rig, 0)
     assert grants(worker) == [1]
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    ask_stop(rig, rec, desired)
     rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
     for it in (1, 2, 3):  # bubbles go on while state_dict() runs: none is granted to it (no hang timer either)
         bubble(rig, it)
@@ -56,8 +55,7 @@ async def test_a_checkpoint_that_outlasts_the_checkpoint_timeout_is_killed_and_t
 ) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    ask_stop(rig, rec, desired)
     (deadline,) = rig.timers.pending()
     assert deadline.at - rig.timers.now == rig.config.checkpoint_timeout_s == 300.0  # the default: generous
     rig.timers.fire_next()
@@ -115,8 +113,7 @@ async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason
 ) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
+    ask_stop(rig, rec, desired)
     rig.sup.on_worker_message(rec.id, worker.instance, Failed("state_dict() raised OSError: disk full", True))
     worker.exit(1)
     assert rec.state is desired  # no crash, no restart
