@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from freeride.core.cpu import Placement, parse_cpu_list
+from freeride.core.cpu import Placement, allowed_cpus, parse_cpu_list
 from freeride.core.paths import default_socket
 from freeride.core.units import parse_retention, parse_size
 from freeride.errors import FreerideError, InvalidSpecError
@@ -74,6 +74,9 @@ class AgentConfig:
     worker_nice: int = 19  # 0..19
     worker_cpus: str = ""  # CPU list like "0-3,8"; empty: the agent's own CPUs
     worker_sched: str = "other"  # other | idle (SCHED_IDLE: only CPU time nothing else wants)
+    # The agent's own threads (event loop, gRPC's): a CPU list, or empty to stay where it was started. Off the
+    # ranks' cores, the agent a bubble edge wakes runs beside training instead of preempting it in its hook.
+    agent_cpus: str = ""
 
     @property
     def socket_path(self) -> Path:
@@ -103,6 +106,16 @@ class AgentConfig:
         except ValueError as exc:
             msg = str(exc)
             raise ConfigError(msg if msg.startswith("--") else f"--worker-cpus {msg}") from None
+
+    def agent_cpu_set(self) -> frozenset[int] | None:
+        """--agent-cpus, checked against the CPUs the agent may use; None: leave the agent where it is."""
+        if not self.agent_cpus.strip():
+            return None
+        try:
+            return allowed_cpus(parse_cpu_list(self.agent_cpus), "--agent-cpus")
+        except ValueError as exc:
+            msg = str(exc)
+            raise ConfigError(msg if msg.startswith("--") else f"--agent-cpus {msg}") from None
 
     @property
     def retention_s(self) -> float | None:
@@ -171,6 +184,7 @@ class AgentConfig:
         self.socket_gid()
         self.retention_s  # noqa: B018 - parsed to check it
         self.worker_placement()
+        self.agent_cpu_set()
         if len(str(self.socket_path)) > 100:
             raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")
         return self

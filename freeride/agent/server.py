@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import logging
@@ -31,6 +32,7 @@ from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.wire import RejectMalformed
 from freeride.agent.workers import WorkerLauncher
 from freeride.core.auth import read_token
+from freeride.core.cpu import format_cpu_list, pin_threads
 from freeride.core.paths import file_kind
 from freeride.gpu.control import GpuControl
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -158,6 +160,12 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
         placement = config.worker_placement()
+        agent_cpus = config.agent_cpu_set()
+        if agent_cpus is not None:
+            if placement.cpus is None:  # workers keep the CPUs the agent was started with, not the agent's own
+                placement = dataclasses.replace(placement, cpus=frozenset(os.sched_getaffinity(0)))
+            pin_threads(agent_cpus)  # before gRPC starts its threads; the executor's are swept up here
+            log.info("the agent runs on CPUs %s", format_cpu_list(agent_cpus))
         cgroups, containment = (await loop.run_in_executor(None, open_cgroups, config.state_dir)
                                 if config.cgroups == "auto" else (None, "--cgroups off"))
         if cgroups is not None:

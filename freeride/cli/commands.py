@@ -79,7 +79,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retention", metavar="DURATION",
                    help="remove finished tasks (with checkpoint and logs) last changed longer ago than this, like "
                         "7d or 12h: at start, then as they expire (env FREERIDE_RETENTION; default forever)")
-    w = p.add_argument_group("side-task workers on the CPU (docs/operations.md)")
+    w = p.add_argument_group("the agent and its side-task workers on the CPU (docs/operations.md)")
     w.add_argument("--worker-nice", type=whole(), metavar="0..19",
                    help=f"niceness of every worker and what it starts (default {d.worker_nice}: training's CPU work "
                         "comes first; env FREERIDE_WORKER_NICE)")
@@ -88,6 +88,10 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--worker-sched", choices=["other", "idle"],
                    help="other (default): normal scheduling at --worker-nice; idle: SCHED_IDLE, only CPU time "
                         "nothing else wants (env FREERIDE_WORKER_SCHED)")
+    w.add_argument("--agent-cpus", metavar="LIST",
+                   help="CPUs the agent itself runs on, e.g. a core no training rank uses, so that a bubble edge's "
+                        "wake-up never preempts a rank in its hook (default: where it was started; workers keep "
+                        "those CPUs unless --worker-cpus says otherwise; env FREERIDE_AGENT_CPUS)")
     add_gpu_args(p)
 
 

@@ -1,5 +1,8 @@
 """Where and how eagerly a process runs on the CPU: CPU lists ("0-3,8"), niceness, SCHED_IDLE.
 
+The agent may keep itself to some CPUs (`--agent-cpus`, `pin_threads`): off the training ranks'
+cores, a woken agent never preempts a rank in the middle of its bubble hook.
+
 The agent decides a side-task worker's placement (`--worker-nice`, `--worker-cpus`, `--worker-sched`)
 and passes it in the worker's environment; the worker applies it to itself first thing, to every
 thread it has, so that every thread and process it starts later inherits it. Linux keeps niceness,
@@ -9,6 +12,7 @@ would escape.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from collections.abc import Iterable, Mapping
@@ -54,6 +58,32 @@ def lowest_nice_allowed() -> int:
     return min(own, 20 - resource.getrlimit(resource.RLIMIT_NICE)[0])
 
 
+def allowed_cpus(cpus: frozenset[int], flag: str) -> frozenset[int]:
+    """`cpus` if this process may run there; ValueError naming `flag` otherwise."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"{flag} needs Linux (sched_setaffinity); leave it out")
+    allowed = os.sched_getaffinity(0)
+    outside = cpus - allowed
+    if not cpus or outside:
+        raise ValueError(f"{flag} {format_cpu_list(cpus)}: CPU {format_cpu_list(outside) or '-'} "
+                         f"is not among the agent's CPUs ({format_cpu_list(allowed)}); pick from those")
+    return cpus
+
+
+def _threads(tasks_dir: Path) -> list[int]:
+    try:
+        return [int(t.name) for t in tasks_dir.iterdir()]
+    except OSError:  # no /proc: the calling thread only
+        return [0]
+
+
+def pin_threads(cpus: frozenset[int], tasks_dir: Path = Path("/proc/self/task")) -> None:
+    """Every thread of this process to `cpus` (Linux keeps affinity per thread; later threads inherit it)."""
+    for tid in _threads(tasks_dir):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+
+
 @dataclass(frozen=True)
 class Placement:
     """A worker's CPU placement: niceness (0..19), the CPUs it may use (None: any), its scheduling policy."""
@@ -75,13 +105,7 @@ class Placement:
         if self.sched == "idle" and not hasattr(os, "SCHED_IDLE"):
             raise ValueError("--worker-sched idle needs Linux (SCHED_IDLE); use other")
         if self.cpus is not None:
-            if not hasattr(os, "sched_setaffinity"):
-                raise ValueError("--worker-cpus needs Linux (sched_setaffinity); leave it out")
-            allowed = os.sched_getaffinity(0)
-            outside = self.cpus - allowed
-            if not self.cpus or outside:
-                raise ValueError(f"--worker-cpus {format_cpu_list(self.cpus)}: CPU {format_cpu_list(outside) or '-'} "
-                                 f"is not among the agent's CPUs ({format_cpu_list(allowed)}); pick from those")
+            allowed_cpus(self.cpus, "--worker-cpus")
         return self
 
     def describe(self) -> str:
@@ -104,11 +128,7 @@ class Placement:
 
     def apply(self, tasks_dir: Path = Path("/proc/self/task")) -> None:
         """To every thread of this process (its own niceness, affinity and policy each); OSError if refused."""
-        try:
-            tids = [int(t.name) for t in tasks_dir.iterdir()]
-        except OSError:  # no /proc: the calling thread only
-            tids = [0]
-        for tid in tids:
+        for tid in _threads(tasks_dir):
             if self.cpus is not None:
                 os.sched_setaffinity(tid, self.cpus)
             if self.sched == "idle":

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from redis_support import need_redis
 
+from freeride.core.cpu import format_cpu_list
 from freeride.errors import FreerideError
 from freeride.tooling.bench import paths
 from freeride.tooling.harness import AgentProcess
@@ -42,6 +43,7 @@ def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths
                     "hook_floor_us_p50", "hook_floor_us_p99", "trainer_cpu_us_per_edge", "floor_cpu_us_per_edge"):
             assert isinstance(r[key], float) and r[key] > 0, key
         assert r["events"] == 80
+        assert r["hook_preempted"] >= 0 and r["floor_preempted"] >= 0  # the training thread's involuntary switches
         # How many of the 40 bubbles got a window is a figure for docs/benchmarks.md, not a test's: a loaded
         # runner delays START edges and grows the overrun margin, and the agent rightly skips a bubble whose
         # window would open too late (CI once saw 35 of 40). The scheduler's unit tests pin the policy.
@@ -67,9 +69,21 @@ def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths
 
 
 def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
-    r = bench("control", "--bubbles", "20", "--path", "grpc")
+    cpus = sorted(os.sched_getaffinity(0))
+    r = bench("control", "--bubbles", "20", "--path", "grpc", "--trainer-cpus", str(cpus[0]),
+              "--agent-cpus", str(cpus[-1]))
     assert r["benchmark"] == "control" and r["path"] == "grpc" and "runs" not in r
     assert r["events"] == 40 and r["dropped_by_reporter"] == 0
+    assert (r["trainer_cpus"], r["agent_cpus"]) == (str(cpus[0]), str(cpus[-1]))
+
+
+def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts() -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "control", "--agent-cpus", "4096"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"freeride: error: bench control: --agent-cpus 4096: CPU 4096 is not among the agent's CPUs "
+        f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
 
 
 def test_asking_for_shm_where_the_agent_offers_no_ring_fails_instead_of_measuring_grpc() -> None:

@@ -43,6 +43,8 @@ def test_workers_run_at_the_lowest_priority_on_any_cpu_by_default() -> None:
     ({"worker_cpus": "4096"}, "--worker-cpus 4096: CPU 4096 is not among the agent's CPUs"),
     ({"worker_cpus": "0-x"}, "--worker-cpus '0-x' is not a CPU list"),
     ({"worker_sched": "fifo"}, "--worker-sched must be other or idle"),
+    ({"agent_cpus": "4096"}, "--agent-cpus 4096: CPU 4096 is not among the agent's CPUs"),
+    ({"agent_cpus": "1-0"}, "--agent-cpus '1-0': range 1-0 runs backwards"),
 ])
 def test_a_placement_this_host_cannot_give_is_refused_at_start(change: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
@@ -53,6 +55,8 @@ def test_the_placement_flags_have_env_twins() -> None:
     env = {"FREERIDE_WORKER_NICE": "5", "FREERIDE_WORKER_CPUS": str(ALLOWED[0]), "FREERIDE_WORKER_SCHED": "idle"}
     c = AgentConfig(**env_defaults(env)).validate()  # type: ignore[arg-type]
     assert c.worker_placement() == Placement(5, frozenset({ALLOWED[0]}), "idle")
+    assert AgentConfig(**env_defaults({"FREERIDE_AGENT_CPUS": str(ALLOWED[0])})).agent_cpu_set() == {ALLOWED[0]}  # type: ignore[arg-type]
+    assert AgentConfig().agent_cpu_set() is None  # the agent stays where it was started
 
 
 def test_the_placement_travels_in_the_environment() -> None:

@@ -10,18 +10,26 @@ the thread slept, caches cold), and both loops' process CPU time (all threads: t
 sender, gRPC's, the bench's window collector) is divided by the edges; the difference between
 "trainer_cpu_us_per_edge" and "floor_cpu_us_per_edge" is what reporting costs the trainer process.
 And the machine's own floor under any hop between processes ("wake_write_us", "wake_delay_us":
-freeride.tooling.bench.wakefloor), measured in the same run.
+freeride.tooling.bench.wakefloor), measured in the same run. "hook_preempted" counts the training
+thread's involuntary context switches during the hooks' loop ("floor_preempted": during the no-op
+loop): on a machine with few cores, the process an edge wakes (the agent) may land on the rank's own
+core and take it in the middle of the hook. `--trainer-cpus` and `--agent-cpus` place the two apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import resource
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
 
 from freeride.client import AgentClient
+from freeride.core.cpu import allowed_cpus, parse_cpu_list, pin_threads
 from freeride.core.stats import percentile
 from freeride.errors import FreerideError
 from freeride.tooling.bench import paths, wakefloor
@@ -39,7 +47,25 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-us", type=float, default=50.0, help="the no-op task's step length")
     p.add_argument("--flood", type=int, default=0, metavar="EVENTS",
                    help="afterwards, send this many events as fast as possible and report agent memory")
+    p.add_argument("--trainer-cpus", metavar="LIST",
+                   help="pin the synthetic trainer (this process, every thread) to these CPUs, e.g. 0")
+    p.add_argument("--agent-cpus", metavar="LIST",
+                   help="start the agent with --agent-cpus LIST, e.g. 1 (a core the trainer does not use)")
     paths.add_arg(p)
+
+
+def _cpus(text: str | None, flag: str) -> frozenset[int] | None:
+    if not text:
+        return None
+    try:
+        return allowed_cpus(parse_cpu_list(text), flag)
+    except ValueError as exc:
+        raise FreerideError(f"bench control: {exc}") from None
+
+
+def _preemptions() -> int:
+    """The calling thread's involuntary context switches so far (another runnable thread took its CPU)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 class _NoHooks:
@@ -52,12 +78,14 @@ class _NoHooks:
         pass
 
 
-def _loop(hooks: BubbleReporter | _NoHooks, ns: argparse.Namespace) -> tuple[list[int], int, int]:
+def _loop(hooks: BubbleReporter | _NoHooks, ns: argparse.Namespace) -> tuple[list[int], int, int, int]:
     """The synthetic trainer: `ns.bubbles` bubbles between compute; each hook call's time (ns),
-    then the process CPU time and the calling thread's CPU time spent during the loop (ns)."""
+    then the process CPU time and the calling thread's CPU time spent during the loop (ns), and the
+    times the calling thread was preempted meanwhile."""
     hook_ns: list[int] = []
     bubble_ns = int(ns.bubble_ms * 1e6)
     compute_ns = int(ns.compute_ms * 1e6)
+    preempted = _preemptions()
     cpu0, thread0 = time.process_time_ns(), time.thread_time_ns()
     t = time.monotonic_ns()
     for i in range(ns.bubbles):
@@ -72,7 +100,8 @@ def _loop(hooks: BubbleReporter | _NoHooks, ns: argparse.Namespace) -> tuple[lis
         hook_ns += [b - a, d - c]
         t += compute_ns
         sleep_until(t)
-    return hook_ns, time.process_time_ns() - cpu0, time.thread_time_ns() - thread0
+    cpu, thread = time.process_time_ns() - cpu0, time.thread_time_ns() - thread0
+    return hook_ns, cpu, thread, _preemptions() - preempted
 
 
 def _flood(reporter: BubbleReporter, events: int) -> float:
@@ -95,12 +124,30 @@ def _finish(reporter: BubbleReporter, client: AgentClient, collector: WindowColl
         raise FreerideError(f"bench control: {exc}; is the machine overloaded?") from None
 
 
+@contextlib.contextmanager
+def _pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """This process (every thread) on `cpus` meanwhile; the agent, started before, keeps its own CPUs."""
+    if cpus is None:
+        yield
+        return
+    before = frozenset(os.sched_getaffinity(0))
+    pin_threads(cpus)
+    try:
+        yield
+    finally:
+        pin_threads(before)
+
+
 def run(ns: argparse.Namespace) -> dict[str, Any]:
+    _cpus(ns.trainer_cpus, "--trainer-cpus")
+    _cpus(ns.agent_cpus, "--agent-cpus")
     return paths.run("control", ns, _run)
 
 
 def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
-    with AgentProcess(extra_args=paths.AGENT_ARGS) as agent, agent.client() as client:
+    trainer_cpus, agent_cpus = _cpus(ns.trainer_cpus, "--trainer-cpus"), _cpus(ns.agent_cpus, "--agent-cpus")
+    agent_args = [*paths.AGENT_ARGS, *(["--agent-cpus", ns.agent_cpus] if ns.agent_cpus else [])]
+    with AgentProcess(extra_args=agent_args) as agent, _pinned(trainer_cpus), agent.client() as client:
         assert agent.proc is not None
         task = client.submit(
             tasks_pb2.TaskSpec(name="noop", ref="freeride.tooling.tasks:NoopTask", args={"step_us": str(ns.step_us)})
@@ -109,9 +156,9 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         collector = WindowCollector(client)
         reporter = paths.connect("control", agent.target, path)
         # The floor first, with the reporter connected and idle: the same process, the same sleeps.
-        floor_ns, floor_cpu_ns, floor_thread_ns = _loop(_NoHooks(), ns)
-        wake = wakefloor.measure(min(ns.bubbles, 1000), ns.bubble_ms)
-        hook_ns, cpu_ns, thread_ns = _loop(reporter, ns)
+        floor_ns, floor_cpu_ns, floor_thread_ns, floor_preempted = _loop(_NoHooks(), ns)
+        wake = wakefloor.measure(min(ns.bubbles, 1000), ns.bubble_ms, agent_cpus)
+        hook_ns, cpu_ns, thread_ns, preempted = _loop(reporter, ns)
         paths.check("control", path, reporter.path)  # still on the road asked for (no reconnect on the way)
         dropped = reporter.dropped
         _finish(reporter, client, collector)
@@ -142,6 +189,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "benchmark": "control",
         "path": path,
         "bubbles": ns.bubbles, "bubble_ms": ns.bubble_ms, "compute_ms": ns.compute_ms, "step_us": ns.step_us,
+        "trainer_cpus": ns.trainer_cpus or "any", "agent_cpus": ns.agent_cpus or "any",
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
         "windows": granted,  # fewer than bubbles: the agent skipped some (edges that came too late)
@@ -150,6 +198,8 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "hook_us_max": round(max(hooks), 2) if hooks else 0.0,
         "hook_floor_us_p50": round(percentile(floor, 0.5), 2),
         "hook_floor_us_p99": round(percentile(floor, 0.99), 2),
+        "hook_preempted": preempted,
+        "floor_preempted": floor_preempted,
         "trainer_cpu_us_per_edge": round(cpu_ns / edges / 1e3, 2) if edges else 0.0,
         "floor_cpu_us_per_edge": round(floor_cpu_ns / edges / 1e3, 2) if edges else 0.0,
         "hook_thread_cpu_us_per_edge": round(thread_ns / edges / 1e3, 2) if edges else 0.0,

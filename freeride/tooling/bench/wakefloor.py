@@ -20,6 +20,8 @@ from freeride.tooling.harness import sleep_until
 _CHILD = """
 import asyncio, os, sys
 fd, n = int(sys.argv[1]), int(sys.argv[2])
+if sys.argv[3]:  # the agent's CPUs, where the bench puts the agent on its own
+    os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(",")})
 woke = []
 async def main():
     loop = asyncio.get_running_loop()
@@ -37,10 +39,12 @@ print(" ".join(map(str, woke)), flush=True)
 """
 
 
-def measure(count: int, gap_ms: float) -> dict[str, float]:
+def measure(count: int, gap_ms: float, cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """`cpus`: where the woken child runs (the agent's CPUs); None: where the scheduler puts it."""
     fd = os.eventfd(0, os.EFD_SEMAPHORE)  # one callback per write, even if two writes land before it runs
     one = (1).to_bytes(8, "little")
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(fd), str(count)], pass_fds=(fd,),
+    where = ",".join(map(str, sorted(cpus or ())))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(fd), str(count), where], pass_fds=(fd,),
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
