@@ -58,6 +58,8 @@ def test_harvest_benchmark_reports_efficiency_against_the_ideal_on_both_paths() 
         for key in ("bubble_s", "harvested_s", "overrun_fraction", "overrun_ms_p99", "prediction_error_p50",
                     "grant_us_p50", "grant_us_p99"):
             assert key in r
+        assert 15 <= r["edge_gap_ms_p50"] <= 45  # the trace's pace: F = 20 ms, B = 40 ms
+        assert r["wake_delay_us_p50"] > 0 and r["wake_write_us_p50"] > 0  # the machine's floor at that pace
 
 
 def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths() -> None:

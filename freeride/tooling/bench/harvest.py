@@ -1,8 +1,16 @@
-"""`freeride bench harvest`: replay a bubble trace through a real agent and worker; how much was harvested?"""
+"""`freeride bench harvest`: replay a bubble trace through a real agent and worker; how much was harvested?
+
+Beside the grant and event-delay figures, the machine's own floor at this trace's pace, in the same
+run ("wake_delay_us", freeride.tooling.bench.wakefloor): a bare process woken through an eventfd
+after the trace's median gap between edges. A core idle for tens of milliseconds wakes slower than
+one idle for two (on a VM, the halted vCPU goes back to the hypervisor), and a grant takes two
+wake-ups (trainer -> agent, agent -> worker).
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import time
 from pathlib import Path
@@ -10,11 +18,12 @@ from typing import Any
 
 from freeride.core.stats import percentile
 from freeride.tooling import trace as tr
-from freeride.tooling.bench import paths
+from freeride.tooling.bench import paths, wakefloor
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
 from freeride.v1 import tasks_pb2
 
 _ORACLE_DRAWS = 32
+_FLOOR_WAKES = 300  # at most: at a 20-40 ms pace, 6-12 s
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +95,9 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         stats = client.stats()
         collector.close()
         windows = collector.windows
+    edges = sorted(t for _, s, e in bubbles for t in (s, e))
+    gap_ms = percentile([b - a for a, b in itertools.pairwise(edges)], 0.5) / 1e6 if len(edges) > 1 else 0.0
+    floor = wakefloor.measure(min(_FLOOR_WAKES, len(edges)), gap_ms) if gap_ms > 0 else {}
     rng = random.Random(ns.seed + 1)
     bubble_lengths = [(e - s) / 1e9 for _, s, e in bubbles]
     ideal = sum(oracle_fill(length, ns.step_ms / 1e3, ns.step_jitter_ms / 1e3, rng) for length in bubble_lengths)
@@ -119,6 +131,8 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "event_delay_us_p99": round(g.event_delay_us_p99, 1),
         "grant_us_p50": round(percentile(grant_us, 0.5), 1),
         "grant_us_p99": round(percentile(grant_us, 0.99), 1),
+        "edge_gap_ms_p50": round(gap_ms, 2),
+        **floor,
         "windows": len(windows),
         "dropped_by_reporter": dropped,
     }
