@@ -104,6 +104,8 @@ class Agent:
                 self.task_logs.poke(rec.id)  # a follower of its log ends once it is over
         elif change is Change.REASON:
             self.store.mark_dirty({rec.id}, delay_s=0)
+        elif change is Change.WORKER:
+            pass  # nothing stored changed: the pid is the runtime's
         else:
             self.store.mark_dirty({rec.id})
             return

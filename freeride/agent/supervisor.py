@@ -133,6 +133,7 @@ class Supervisor:
 
     async def _start(self, rec: TaskRecord, reason: str) -> None:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
+            self._table.worker_gone(rec)
             return
         rt = self._table.runtime(rec.id)
         if rt.worker is not None or rt.spawning:
@@ -184,6 +185,7 @@ class Supervisor:
             self._admission_pass = self._call_later(0, self._admit_after_exit)  # after this exit's own state change
         # A worker stopped by pause or cancel ends here: the state changed when the stop was asked.
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
+            self._table.worker_gone(rec)
             return
         reason = worker.kill_reason or worker.failure or describe_exit(code)
         tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""

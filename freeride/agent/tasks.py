@@ -36,6 +36,7 @@ class Change(enum.Enum):
     STATE = "state"  # written now, announced
     REASON = "reason"  # written at once (the next write), announced
     PROGRESS = "progress"  # a checkpoint: written with the next batch, not announced
+    WORKER = "worker"  # its worker exited with no new state (paused, finished): nothing to write, announced
 
 
 class WindowFile(WindowPort, Protocol):
@@ -147,6 +148,10 @@ class TaskTable:
         rec.reason = reason
         rec.updated_unix_s = self._wall_clock()
         self._on_change(rec, Change.REASON)
+
+    def worker_gone(self, rec: TaskRecord) -> None:
+        """Its worker exited after the state had already changed (pause, cancel): watchers see the pid go."""
+        self._on_change(rec, Change.WORKER)
 
     def checkpointed(self, rec: TaskRecord) -> None:
         """The task's checkpoint (steps, progress) moved on: persist it with the next batch."""

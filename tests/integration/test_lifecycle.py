@@ -20,8 +20,8 @@ def test_pause_checkpoints_and_frees_the_worker_then_resume_continues_from_there
     paused = client.pause(task.id)
     assert paused.state == S.TASK_STATE_PAUSED
     psutil.Process(ready.pid).wait(10)  # the worker exits: its memory is given back
-    info = client.get(task.id)
-    assert info.pid == 0 and info.checkpoint_steps == info.progress["count"] > 0
+    info = wait_for_info(client, task.id, lambda i: i.pid == 0)  # announced once the agent has reaped it
+    assert info.checkpoint_steps == info.progress["count"] > 0
     client.resume(task.id)
     resumed = wait_for_task(client, task.id, [S.TASK_STATE_READY])
     drive(agent, bubbles(5, [20.0]))

@@ -179,6 +179,18 @@ async def test_a_task_paused_while_its_worker_is_being_created_stops_that_worker
     assert worker.kills == ["paused before it attached"]
     worker.exit(-9)
     assert rec.state is TaskState.PAUSED and rig.table.live == {}
+    assert rig.changes[-1] == (rec.id, TaskState.PAUSED, Change.WORKER)  # watchers see its pid go
+
+
+@in_loop
+async def test_a_cancelled_tasks_worker_exit_is_announced_without_a_new_state(rig: Rig) -> None:
+    rec = rig.task()
+    await rig.sup.start(rec)
+    rig.sup.stop(rec, TaskState.CANCELLED)
+    rig.table.set_state(rec, TaskState.CANCELLED)
+    before = len(rig.changes)
+    rig.worker(rec).exit(0)
+    assert rig.changes[before:] == [(rec.id, TaskState.CANCELLED, Change.WORKER)]
 
 
 @in_loop
