@@ -183,8 +183,8 @@ class Scheduler:
         bubble.window = w
         self._windows[w.id] = w
         self._current = w
+        self._dispatch(w)  # before the timer: nothing in between can close the window, and a grant is waited for
         w.timer = self._call_at(until, lambda: self._close(w, end_ns=0))
-        self._dispatch(w)
 
     def _on_end(self, ev: Edge) -> None:
         bubble = self._bubbles.get(ev.rank)
@@ -231,12 +231,12 @@ class Scheduler:
         if pick is None:
             return
         task = self.tasks[pick.task_id]
+        task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
         task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
         w.shares.append(_Share(task.task_id))
         task.window_id = w.id
-        task.port.grant(w.id, w.until_ns)
 
     def _starved(self, candidates: list[Candidate], remaining_ns: int, tried: set[str]) -> Candidate | None:
         """An idle task that sat out `_PROBE_AFTER` dispatches because its estimate did not fit.

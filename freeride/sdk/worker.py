@@ -128,6 +128,16 @@ class _Gate:
         while True:
             self._stop_if_asked()
             word = self.window.read()
+            if not self._wid and word.window_id > self._last_wid:
+                if not word.open:
+                    # Granted and revoked before this worker woke up: say so, or the agent would
+                    # keep the task marked busy with a window it never ran in.
+                    self._wid = word.window_id
+                    self.close(pb.WINDOW_END_REASON_REVOKED)
+                    continue
+                # A new window: judged below from the same word (a grant's first step waits for no second read).
+                self._wid, self._until_ns = word.window_id, word.until_ns
+                self._stepped = False
             if self._wid:
                 if word.window_id != self._wid or not word.open:
                     self.close(pb.WINDOW_END_REASON_REVOKED)
@@ -153,26 +163,17 @@ class _Gate:
                     continue
                 self._unfit_windows = 0
                 return
-            if word.window_id > self._last_wid:
-                if word.open:
-                    self._wid, self._until_ns = word.window_id, word.until_ns
-                    self._stepped = False
-                    continue
-                # Granted and revoked before this worker woke up: say so, or the agent would
-                # keep the task marked busy with a window it never ran in.
-                self._wid = word.window_id
-                self.close(pb.WINDOW_END_REASON_REVOKED)
-                continue
             if self._checkpoint_if_asked():
                 continue
             # Idle: block until the agent writes the window word or the reader thread wakes us.
             try:
-                select.select([self.window.fd, s._wake_r], [], [])
+                ready, _, _ = select.select([self.window.fd, s._wake_r], [], [])
             except OSError:
                 self.check_pipes(everyone=True)
                 raise
-            s.drain()
-            if not self.window.drain():
+            if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
+                s.drain()
+            if self.window.fd in ready and not self.window.drain():
                 s.lost = True
 
     def _stop_if_asked(self) -> None:
