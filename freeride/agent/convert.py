@@ -137,7 +137,7 @@ def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | Non
                      s.peak_memory_bytes)
     if which == "window_done":
         d = msg.window_done
-        return WindowDone(d.window_id, d.idle_ns, d.step_estimate_ns)
+        return WindowDone(d.window_id, d.idle_ns, d.step_estimate_ns, d.woke_ns)
     if which == "ready":
         return Ready(msg.ready.kind, msg.ready.resumed_steps, dict(msg.ready.progress))
     if which == "checkpointed":
@@ -173,11 +173,12 @@ def setup_to_pb(setup: WorkerSetup) -> worker_pb2.AgentCommand:
 def window_to_pb(w: WindowRecord) -> tasks_pb2.WindowRecord:
     record = tasks_pb2.WindowRecord(
         window_id=w.window_id, rank=w.rank, slot=w.slot, iteration=w.iteration, bubble_start_ns=w.bubble_start_ns,
-        bubble_end_ns=w.bubble_end_ns, until_ns=w.until_ns, predicted_ns=w.predicted_ns,
+        bubble_end_ns=w.bubble_end_ns, until_ns=w.until_ns, predicted_ns=w.predicted_ns, seen_ns=w.seen_ns,
     )
     for s in w.shares:
         share = record.shares.add(task_id=s.task_id, first_step_ns=s.first_step_ns, idle_ns=s.idle_since_ns,
-                                  steps=s.steps, busy_ns=s.busy_ns, overrun_ns=s.overrun_ns)
+                                  steps=s.steps, busy_ns=s.busy_ns, overrun_ns=s.overrun_ns,
+                                  granted_ns=s.granted_ns, woke_ns=s.woke_ns)
         if s.step_spans:
             share.step_spans.extend(tasks_pb2.StepSpan(start_ns=a, duration_ns=d) for a, d in s.step_spans)
     return record

@@ -53,6 +53,7 @@ class WindowDone(NamedTuple):
     window_id: int
     idle_since_ns: int  # the worker's CLOCK_MONOTONIC when it went idle (an instant, not a duration)
     step_estimate_ns: int  # 0: no estimate
+    woke_ns: int = 0  # the worker's CLOCK_MONOTONIC when it saw the grant; 0: unknown
 
 
 class Checkpointed(NamedTuple):
@@ -109,6 +110,8 @@ class Share(NamedTuple):
     busy_ns: int
     overrun_ns: int
     step_spans: Sequence[tuple[int, int]] = ()  # each step: filled in history answers only
+    granted_ns: int = 0  # when the agent wrote the grant (0: not recorded)
+    woke_ns: int = 0  # when the worker saw it (0: not recorded)
 
 
 class WindowRecord(NamedTuple):
@@ -123,6 +126,7 @@ class WindowRecord(NamedTuple):
     until_ns: int
     predicted_ns: int
     shares: tuple[Share, ...]
+    seen_ns: int = 0  # when the agent took the START edge (0: not recorded)
 
 
 class BubbleSpan(NamedTuple):

@@ -61,6 +61,8 @@ class _Share:
     task_id: str
     steps: list[tuple[int, int]] = field(default_factory=list)
     idle_since_ns: int = 0  # the worker's clock when it reported WindowDone (an instant); 0: it never did
+    granted_ns: int = 0  # when the grant was written
+    woke_ns: int = 0  # when the worker saw it (from its WindowDone); 0: unknown
     killed_at_ns: int = 0  # its step hung past the window and was killed at this instant; 0: it was not
 
 
@@ -73,6 +75,7 @@ class Window:
     start_ns: int
     until_ns: int
     predicted_ns: int
+    seen_ns: int = 0  # when the agent took the START edge
     end_ns: int = 0
     open: bool = True
     holder: str = ""
@@ -140,11 +143,12 @@ class Scheduler:
     # -- trainer side ------------------------------------------------------------------------------
     def on_bubble(self, ev: Edge) -> None:
         self.gpu.events += 1
-        self.event_delays_ns.append(self._clock() - ev.time_ns)
+        now = self._clock()
+        self.event_delays_ns.append(now - ev.time_ns)
         if not ev.harvestable:
             return  # optimizer and data loading may use the GPU: reported, never harvested
         if ev.start:
-            self._on_start(ev)
+            self._on_start(ev, now)
         else:
             self._on_end(ev)
 
@@ -159,7 +163,7 @@ class Scheduler:
             self._predictors.move_to_end(key)
         return p
 
-    def _on_start(self, ev: Edge) -> None:
+    def _on_start(self, ev: Edge, seen_ns: int) -> None:
         if ev.free_memory_bytes > 0:
             self.trainer_free_memory_bytes = ev.free_memory_bytes
         stale = self._bubbles.pop(ev.rank, None)
@@ -178,7 +182,7 @@ class Scheduler:
             # window to decay it, so after a burst of overruns short bubbles would never be used again.
             self.margin.on_window(0)
             return
-        w = Window(self._next_window, ev.rank, ev.slot, ev.iteration, ev.time_ns, until, predicted)
+        w = Window(self._next_window, ev.rank, ev.slot, ev.iteration, ev.time_ns, until, predicted, seen_ns)
         self._next_window += 1
         bubble.window = w
         self._windows[w.id] = w
@@ -232,10 +236,10 @@ class Scheduler:
             return
         task = self.tasks[pick.task_id]
         task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
+        w.shares.append(_Share(task.task_id, granted_ns=self._clock()))
         task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
-        w.shares.append(_Share(task.task_id))
         task.window_id = w.id
 
     def _starved(self, candidates: list[Candidate], remaining_ns: int, tried: set[str]) -> Candidate | None:
@@ -343,6 +347,7 @@ class Scheduler:
         for share in reversed(w.shares):
             if share.task_id == task_id:
                 share.idle_since_ns = done.idle_since_ns
+                share.woke_ns = done.woke_ns
                 break
         w.holder = ""
         if w.open:
@@ -393,6 +398,8 @@ class Scheduler:
                 steps=len(share.steps),
                 busy_ns=busy,
                 overrun_ns=overrun,
+                granted_ns=share.granted_ns,
+                woke_ns=share.woke_ns,
             ))
         record = WindowRecord(
             window_id=w.id,
@@ -404,6 +411,7 @@ class Scheduler:
             until_ns=w.until_ns,
             predicted_ns=w.predicted_ns,
             shares=tuple(shares),
+            seen_ns=w.seen_ns,
         )
         self.margin.on_window(window_overrun)
         w.record = record

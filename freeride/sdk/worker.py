@@ -99,6 +99,8 @@ class _Gate:
         self.progress: Any = dict
         self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
         self._unfit_windows = 0  # windows in a row in which the declared smallest step did not fit
+        self._woke_ns = 0  # when the idle wait ended, until the next read of the word
+        self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
         self._peak_bytes = 0  # this process's peak resident memory at the latest sample
 
     def estimate_ns(self) -> int | None:
@@ -128,6 +130,7 @@ class _Gate:
         while True:
             self._stop_if_asked()
             word = self.window.read()
+            woke, self._woke_ns = self._woke_ns, 0  # the wait just ended, if it did: the grant's wake-up
             if not self._wid and word.window_id > self._last_wid:
                 if not word.open:
                     # Granted and revoked before this worker woke up: say so, or the agent would
@@ -138,6 +141,7 @@ class _Gate:
                 # A new window: judged below from the same word (a grant's first step waits for no second read).
                 self._wid, self._until_ns = word.window_id, word.until_ns
                 self._stepped = False
+                self._saw_ns = woke or time.monotonic_ns()
             if self._wid:
                 if word.window_id != self._wid or not word.open:
                     self.close(pb.WINDOW_END_REASON_REVOKED)
@@ -171,6 +175,7 @@ class _Gate:
             except OSError:
                 self.check_pipes(everyone=True)
                 raise
+            self._woke_ns = time.monotonic_ns()
             if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
                 s.drain()
             if self.window.fd in ready and not self.window.drain():
@@ -285,10 +290,12 @@ class _Gate:
         est = self.estimate_ns() or 0
         self._send(
             pb.WorkerMessage(
-                window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est)
+                window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est,
+                                          woke_ns=self._saw_ns)
             )
         )
         self._last_wid, self._wid = self._wid, 0
+        self._saw_ns = 0
         if reason != pb.WINDOW_END_REASON_STOPPING:
             self._on_idle(force=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import TypeVar
 import grpc
 
 from freeride.client import AgentClient
+from freeride.core.stats import percentile
 from freeride.errors import AgentUnavailableError
 from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
@@ -232,6 +234,33 @@ class WindowCollector:
 def grant_latencies_us(windows: Iterable[tasks_pb2.WindowRecord]) -> list[float]:
     """START stamped by the trainer -> the first side-task step began, for each window that ran one."""
     return [(w.shares[0].first_step_ns - w.bubble_start_ns) / 1e3 for w in windows if w.shares and w.shares[0].steps]
+
+
+# A grant's four legs, each from one process's CLOCK_MONOTONIC stamp to the next (one clock on one host).
+GRANT_PARTS = ("trainer_to_agent", "agent", "agent_to_worker", "worker")
+
+
+def grant_parts_us(windows: Iterable[tasks_pb2.WindowRecord]) -> dict[str, list[float]]:
+    """Where each grant's time went: START stamped -> the agent took it -> wrote the grant -> the worker saw
+    it -> its first step began; for the windows whose first share ran a step and has every stamp."""
+    parts: dict[str, list[float]] = {name: [] for name in GRANT_PARTS}
+    for w in windows:
+        s = w.shares[0] if w.shares else None
+        if s is None or not s.steps or not (w.seen_ns and s.granted_ns and s.woke_ns):
+            continue
+        stamps = (w.bubble_start_ns, w.seen_ns, s.granted_ns, s.woke_ns, s.first_step_ns)
+        for name, (a, b) in zip(GRANT_PARTS, itertools.pairwise(stamps), strict=True):
+            parts[name].append((b - a) / 1e3)
+    return parts
+
+
+def grant_parts_summary(windows: Iterable[tasks_pb2.WindowRecord]) -> dict[str, float]:
+    """p50 and p99 of each leg, as flat JSON keys: grant_agent_us_p50, ..."""
+    out: dict[str, float] = {}
+    for name, values in grant_parts_us(windows).items():
+        out[f"grant_{name}_us_p50"] = round(percentile(values, 0.5), 1)
+        out[f"grant_{name}_us_p99"] = round(percentile(values, 0.99), 1)
+    return out
 
 
 def sleep_until(deadline_ns: int) -> None:

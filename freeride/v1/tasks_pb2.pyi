@@ -275,7 +275,7 @@ class TrainerChange(_message.Message):
     def __init__(self, connected: _Optional[bool] = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class WindowRecord(_message.Message):
-    __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares")
+    __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares", "seen_ns")
     WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class WindowRecord(_message.Message):
     UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_NS_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    SEEN_NS_FIELD_NUMBER: _ClassVar[int]
     window_id: int
     rank: int
     slot: int
@@ -294,10 +295,11 @@ class WindowRecord(_message.Message):
     until_ns: int
     predicted_ns: int
     shares: _containers.RepeatedCompositeFieldContainer[WindowShare]
-    def __init__(self, window_id: _Optional[int] = ..., rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., bubble_start_ns: _Optional[int] = ..., bubble_end_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[WindowShare, _Mapping]]] = ...) -> None: ...
+    seen_ns: int
+    def __init__(self, window_id: _Optional[int] = ..., rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., bubble_start_ns: _Optional[int] = ..., bubble_end_ns: _Optional[int] = ..., until_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ..., shares: _Optional[_Iterable[_Union[WindowShare, _Mapping]]] = ..., seen_ns: _Optional[int] = ...) -> None: ...
 
 class WindowShare(_message.Message):
-    __slots__ = ("task_id", "first_step_ns", "idle_ns", "steps", "busy_ns", "overrun_ns", "step_spans")
+    __slots__ = ("task_id", "first_step_ns", "idle_ns", "steps", "busy_ns", "overrun_ns", "step_spans", "granted_ns", "woke_ns")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_NS_FIELD_NUMBER: _ClassVar[int]
     IDLE_NS_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +307,8 @@ class WindowShare(_message.Message):
     BUSY_NS_FIELD_NUMBER: _ClassVar[int]
     OVERRUN_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_SPANS_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_NS_FIELD_NUMBER: _ClassVar[int]
+    WOKE_NS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     first_step_ns: int
     idle_ns: int
@@ -312,7 +316,9 @@ class WindowShare(_message.Message):
     busy_ns: int
     overrun_ns: int
     step_spans: _containers.RepeatedCompositeFieldContainer[StepSpan]
-    def __init__(self, task_id: _Optional[str] = ..., first_step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., overrun_ns: _Optional[int] = ..., step_spans: _Optional[_Iterable[_Union[StepSpan, _Mapping]]] = ...) -> None: ...
+    granted_ns: int
+    woke_ns: int
+    def __init__(self, task_id: _Optional[str] = ..., first_step_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., steps: _Optional[int] = ..., busy_ns: _Optional[int] = ..., overrun_ns: _Optional[int] = ..., step_spans: _Optional[_Iterable[_Union[StepSpan, _Mapping]]] = ..., granted_ns: _Optional[int] = ..., woke_ns: _Optional[int] = ...) -> None: ...
 
 class StepSpan(_message.Message):
     __slots__ = ("start_ns", "duration_ns")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66reeride/v1/worker.proto\x12\x0b\x66reeride.v1\"\x87\x03\n\rWorkerMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.freeride.v1.WorkerHelloH\x00\x12)\n\x05ready\x18\x02 \x01(\x0b\x32\x18.freeride.v1.WorkerReadyH\x00\x12(\n\x05steps\x18\x03 \x01(\x0b\x32\x17.freeride.v1.StepReportH\x00\x12.\n\x0bwindow_done\x18\x04 \x01(\x0b\x32\x17.freeride.v1.WindowDoneH\x00\x12\x31\n\x0c\x63heckpointed\x18\x05 \x01(\x0b\x32\x19.freeride.v1.CheckpointedH\x00\x12/\n\x08\x66inished\x18\x06 \x01(\x0b\x32\x1b.freeride.v1.WorkerFinishedH\x00\x12+\n\x06\x66\x61iled\x18\x07 \x01(\x0b\x32\x19.freeride.v1.WorkerFailedH\x00\x12-\n\x07waiting\x18\x08 \x01(\x0b\x32\x1a.freeride.v1.WorkerWaitingH\x00\x42\x06\n\x04\x62ody\"=\n\x0bWorkerHello\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x0b\n\x03pid\x18\x03 \x01(\x05\"\x9d\x01\n\x0bWorkerReady\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rresumed_steps\x18\x02 \x01(\x04\x12\x38\n\x08progress\x18\x03 \x03(\x0b\x32&.freeride.v1.WorkerReady.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"-\n\x04Step\x12\x10\n\x08start_ns\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x02 \x01(\x03\"\xc6\x01\n\nStepReport\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12 \n\x05steps\x18\x02 \x03(\x0b\x32\x11.freeride.v1.Step\x12\x37\n\x08progress\x18\x03 \x03(\x0b\x32%.freeride.v1.StepReport.ProgressEntry\x12\x19\n\x11peak_memory_bytes\x18\x04 \x01(\x03\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"x\n\nWindowDone\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.freeride.v1.WindowEndReason\x12\x0f\n\x07idle_ns\x18\x03 \x01(\x03\x12\x18\n\x10step_estimate_ns\x18\x04 \x01(\x03\"\x97\x01\n\x0c\x43heckpointed\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x39\n\x08progress\x18\x03 \x03(\x0b\x32\'.freeride.v1.Checkpointed.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"~\n\x0eWorkerFinished\x12;\n\x08progress\x18\x01 \x03(\x0b\x32).freeride.v1.WorkerFinished.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"1\n\x0cWorkerFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"0\n\rWorkerWaiting\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x08\"v\n\x0c\x41gentCommand\x12)\n\x05setup\x18\x01 \x01(\x0b\x32\x18.freeride.v1.WorkerSetupH\x00\x12\'\n\x07\x63ontrol\x18\x04 \x01(\x0b\x32\x14.freeride.v1.ControlH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"\xe4\x01\n\x0bWorkerSetup\x12\x10\n\x08task_ref\x18\x01 \x01(\t\x12\x30\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\".freeride.v1.WorkerSetup.ArgsEntry\x12\x17\n\x0f\x63heckpoint_path\x18\x03 \x01(\t\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x04 \x01(\x01\x12\x17\n\x0fmem_limit_bytes\x18\x05 \x01(\x03\x12\x13\n\x0bwindow_file\x18\x06 \x01(\t\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x07\x43ontrol\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.freeride.v1.ControlAction*\xef\x01\n\x0fWindowEndReason\x12!\n\x1dWINDOW_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19WINDOW_END_REASON_REVOKED\x10\x01\x12\x1d\n\x19WINDOW_END_REASON_EXPIRED\x10\x02\x12\x1c\n\x18WINDOW_END_REASON_NO_FIT\x10\x03\x12\x1a\n\x16WINDOW_END_REASON_DONE\x10\x04\x12\x1e\n\x1aWINDOW_END_REASON_STOPPING\x10\x05\x12!\n\x1dWINDOW_END_REASON_UNAVAILABLE\x10\x06*\x83\x01\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_ACTION_PAUSE\x10\x01\x12\x19\n\x15\x43ONTROL_ACTION_CANCEL\x10\x02\x12\x1d\n\x19\x43ONTROL_ACTION_CHECKPOINT\x10\x03\x32T\n\rWorkerService\x12\x43\n\x06\x41ttach\x12\x1a.freeride.v1.WorkerMessage\x1a\x19.freeride.v1.AgentCommand(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66reeride/v1/worker.proto\x12\x0b\x66reeride.v1\"\x87\x03\n\rWorkerMessage\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.freeride.v1.WorkerHelloH\x00\x12)\n\x05ready\x18\x02 \x01(\x0b\x32\x18.freeride.v1.WorkerReadyH\x00\x12(\n\x05steps\x18\x03 \x01(\x0b\x32\x17.freeride.v1.StepReportH\x00\x12.\n\x0bwindow_done\x18\x04 \x01(\x0b\x32\x17.freeride.v1.WindowDoneH\x00\x12\x31\n\x0c\x63heckpointed\x18\x05 \x01(\x0b\x32\x19.freeride.v1.CheckpointedH\x00\x12/\n\x08\x66inished\x18\x06 \x01(\x0b\x32\x1b.freeride.v1.WorkerFinishedH\x00\x12+\n\x06\x66\x61iled\x18\x07 \x01(\x0b\x32\x19.freeride.v1.WorkerFailedH\x00\x12-\n\x07waiting\x18\x08 \x01(\x0b\x32\x1a.freeride.v1.WorkerWaitingH\x00\x42\x06\n\x04\x62ody\"=\n\x0bWorkerHello\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x0b\n\x03pid\x18\x03 \x01(\x05\"\x9d\x01\n\x0bWorkerReady\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rresumed_steps\x18\x02 \x01(\x04\x12\x38\n\x08progress\x18\x03 \x03(\x0b\x32&.freeride.v1.WorkerReady.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"-\n\x04Step\x12\x10\n\x08start_ns\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x02 \x01(\x03\"\xc6\x01\n\nStepReport\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12 \n\x05steps\x18\x02 \x03(\x0b\x32\x11.freeride.v1.Step\x12\x37\n\x08progress\x18\x03 \x03(\x0b\x32%.freeride.v1.StepReport.ProgressEntry\x12\x19\n\x11peak_memory_bytes\x18\x04 \x01(\x03\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x89\x01\n\nWindowDone\x12\x11\n\twindow_id\x18\x01 \x01(\x04\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.freeride.v1.WindowEndReason\x12\x0f\n\x07idle_ns\x18\x03 \x01(\x03\x12\x18\n\x10step_estimate_ns\x18\x04 \x01(\x03\x12\x0f\n\x07woke_ns\x18\x05 \x01(\x03\"\x97\x01\n\x0c\x43heckpointed\x12\r\n\x05steps\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x39\n\x08progress\x18\x03 \x03(\x0b\x32\'.freeride.v1.Checkpointed.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"~\n\x0eWorkerFinished\x12;\n\x08progress\x18\x01 \x03(\x0b\x32).freeride.v1.WorkerFinished.ProgressEntry\x1a/\n\rProgressEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"1\n\x0cWorkerFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"0\n\rWorkerWaiting\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x08\"v\n\x0c\x41gentCommand\x12)\n\x05setup\x18\x01 \x01(\x0b\x32\x18.freeride.v1.WorkerSetupH\x00\x12\'\n\x07\x63ontrol\x18\x04 \x01(\x0b\x32\x14.freeride.v1.ControlH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"\xe4\x01\n\x0bWorkerSetup\x12\x10\n\x08task_ref\x18\x01 \x01(\t\x12\x30\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\".freeride.v1.WorkerSetup.ArgsEntry\x12\x17\n\x0f\x63heckpoint_path\x18\x03 \x01(\t\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x04 \x01(\x01\x12\x17\n\x0fmem_limit_bytes\x18\x05 \x01(\x03\x12\x13\n\x0bwindow_file\x18\x06 \x01(\t\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"5\n\x07\x43ontrol\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.freeride.v1.ControlAction*\xef\x01\n\x0fWindowEndReason\x12!\n\x1dWINDOW_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19WINDOW_END_REASON_REVOKED\x10\x01\x12\x1d\n\x19WINDOW_END_REASON_EXPIRED\x10\x02\x12\x1c\n\x18WINDOW_END_REASON_NO_FIT\x10\x03\x12\x1a\n\x16WINDOW_END_REASON_DONE\x10\x04\x12\x1e\n\x1aWINDOW_END_REASON_STOPPING\x10\x05\x12!\n\x1dWINDOW_END_REASON_UNAVAILABLE\x10\x06*\x83\x01\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_ACTION_PAUSE\x10\x01\x12\x19\n\x15\x43ONTROL_ACTION_CANCEL\x10\x02\x12\x1d\n\x19\x43ONTROL_ACTION_CHECKPOINT\x10\x03\x32T\n\rWorkerService\x12\x43\n\x06\x41ttach\x12\x1a.freeride.v1.WorkerMessage\x1a\x19.freeride.v1.AgentCommand(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,10 +41,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERFINISHED_PROGRESSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSETUP_ARGSENTRY']._loaded_options = None
   _globals['_WORKERSETUP_ARGSENTRY']._serialized_options = b'8\001'
-  _globals['_WINDOWENDREASON']._serialized_start=1818
-  _globals['_WINDOWENDREASON']._serialized_end=2057
-  _globals['_CONTROLACTION']._serialized_start=2060
-  _globals['_CONTROLACTION']._serialized_end=2191
+  _globals['_WINDOWENDREASON']._serialized_start=1836
+  _globals['_WINDOWENDREASON']._serialized_end=2075
+  _globals['_CONTROLACTION']._serialized_start=2078
+  _globals['_CONTROLACTION']._serialized_end=2209
   _globals['_WORKERMESSAGE']._serialized_start=42
   _globals['_WORKERMESSAGE']._serialized_end=433
   _globals['_WORKERHELLO']._serialized_start=435
@@ -59,28 +59,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREPORT']._serialized_end=904
   _globals['_STEPREPORT_PROGRESSENTRY']._serialized_start=609
   _globals['_STEPREPORT_PROGRESSENTRY']._serialized_end=656
-  _globals['_WINDOWDONE']._serialized_start=906
-  _globals['_WINDOWDONE']._serialized_end=1026
-  _globals['_CHECKPOINTED']._serialized_start=1029
-  _globals['_CHECKPOINTED']._serialized_end=1180
+  _globals['_WINDOWDONE']._serialized_start=907
+  _globals['_WINDOWDONE']._serialized_end=1044
+  _globals['_CHECKPOINTED']._serialized_start=1047
+  _globals['_CHECKPOINTED']._serialized_end=1198
   _globals['_CHECKPOINTED_PROGRESSENTRY']._serialized_start=609
   _globals['_CHECKPOINTED_PROGRESSENTRY']._serialized_end=656
-  _globals['_WORKERFINISHED']._serialized_start=1182
-  _globals['_WORKERFINISHED']._serialized_end=1308
+  _globals['_WORKERFINISHED']._serialized_start=1200
+  _globals['_WORKERFINISHED']._serialized_end=1326
   _globals['_WORKERFINISHED_PROGRESSENTRY']._serialized_start=609
   _globals['_WORKERFINISHED_PROGRESSENTRY']._serialized_end=656
-  _globals['_WORKERFAILED']._serialized_start=1310
-  _globals['_WORKERFAILED']._serialized_end=1359
-  _globals['_WORKERWAITING']._serialized_start=1361
-  _globals['_WORKERWAITING']._serialized_end=1409
-  _globals['_AGENTCOMMAND']._serialized_start=1411
-  _globals['_AGENTCOMMAND']._serialized_end=1529
-  _globals['_WORKERSETUP']._serialized_start=1532
-  _globals['_WORKERSETUP']._serialized_end=1760
-  _globals['_WORKERSETUP_ARGSENTRY']._serialized_start=1717
-  _globals['_WORKERSETUP_ARGSENTRY']._serialized_end=1760
-  _globals['_CONTROL']._serialized_start=1762
-  _globals['_CONTROL']._serialized_end=1815
-  _globals['_WORKERSERVICE']._serialized_start=2193
-  _globals['_WORKERSERVICE']._serialized_end=2277
+  _globals['_WORKERFAILED']._serialized_start=1328
+  _globals['_WORKERFAILED']._serialized_end=1377
+  _globals['_WORKERWAITING']._serialized_start=1379
+  _globals['_WORKERWAITING']._serialized_end=1427
+  _globals['_AGENTCOMMAND']._serialized_start=1429
+  _globals['_AGENTCOMMAND']._serialized_end=1547
+  _globals['_WORKERSETUP']._serialized_start=1550
+  _globals['_WORKERSETUP']._serialized_end=1778
+  _globals['_WORKERSETUP_ARGSENTRY']._serialized_start=1735
+  _globals['_WORKERSETUP_ARGSENTRY']._serialized_end=1778
+  _globals['_CONTROL']._serialized_start=1780
+  _globals['_CONTROL']._serialized_end=1833
+  _globals['_WORKERSERVICE']._serialized_start=2211
+  _globals['_WORKERSERVICE']._serialized_end=2295
 # @@protoc_insertion_point(module_scope)

@@ -110,16 +110,18 @@ class StepReport(_message.Message):
     def __init__(self, window_id: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., progress: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class WindowDone(_message.Message):
-    __slots__ = ("window_id", "reason", "idle_ns", "step_estimate_ns")
+    __slots__ = ("window_id", "reason", "idle_ns", "step_estimate_ns", "woke_ns")
     WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     IDLE_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_ESTIMATE_NS_FIELD_NUMBER: _ClassVar[int]
+    WOKE_NS_FIELD_NUMBER: _ClassVar[int]
     window_id: int
     reason: WindowEndReason
     idle_ns: int
     step_estimate_ns: int
-    def __init__(self, window_id: _Optional[int] = ..., reason: _Optional[_Union[WindowEndReason, str]] = ..., idle_ns: _Optional[int] = ..., step_estimate_ns: _Optional[int] = ...) -> None: ...
+    woke_ns: int
+    def __init__(self, window_id: _Optional[int] = ..., reason: _Optional[_Union[WindowEndReason, str]] = ..., idle_ns: _Optional[int] = ..., step_estimate_ns: _Optional[int] = ..., woke_ns: _Optional[int] = ...) -> None: ...
 
 class Checkpointed(_message.Message):
     __slots__ = ("steps", "path", "progress")

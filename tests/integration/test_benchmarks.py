@@ -44,6 +44,9 @@ def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths
             assert isinstance(r[key], float) and r[key] > 0, key
         assert r["events"] == 80
         assert r["hook_preempted"] >= 0 and r["floor_preempted"] >= 0  # the training thread's involuntary switches
+        # Each grant's legs, stamped by the trainer, the agent (twice) and the worker. (The agent -> worker leg
+        # may be negative: the worker can see the grant before the agent's waking write returns.)
+        assert all(r[f"grant_{leg}_us_p50"] > 0 for leg in ("trainer_to_agent", "agent", "worker")), r
         # How many of the 40 bubbles got a window is a figure for docs/benchmarks.md, not a test's: a loaded
         # runner delays START edges and grows the overrun margin, and the agent rightly skips a bubble whose
         # window would open too late (CI once saw 35 of 40). The scheduler's unit tests pin the policy.

@@ -49,8 +49,9 @@ def test_worker_messages_become_domain_messages() -> None:
         progress={"count": 2.0}, peak_memory_bytes=99,
     ))
     assert worker_message_from_pb(steps) == Steps(4, [(10, 2), (12, 3)], {"count": 2.0}, 99)
-    done = worker_pb2.WorkerMessage(window_done=worker_pb2.WindowDone(window_id=4, idle_ns=777, step_estimate_ns=5))
-    assert worker_message_from_pb(done) == WindowDone(4, idle_since_ns=777, step_estimate_ns=5)
+    done = worker_pb2.WorkerMessage(window_done=worker_pb2.WindowDone(window_id=4, idle_ns=777, step_estimate_ns=5,
+                                                                     woke_ns=700))
+    assert worker_message_from_pb(done) == WindowDone(4, idle_since_ns=777, step_estimate_ns=5, woke_ns=700)
     for waiting in (True, False):
         wait = worker_pb2.WorkerMessage(waiting=worker_pb2.WorkerWaiting(reason="db down", waiting=waiting))
         assert worker_message_from_pb(wait) == Waiting("db down", waiting)
@@ -68,6 +69,8 @@ def test_a_window_carries_its_steps_only_when_the_history_gave_them() -> None:
     pb = window_to_pb(record)
     assert [len(s.step_spans) for s in pb.shares] == [0, 2]
     assert pb.shares[0].idle_ns == 20  # the message's name for the instant the worker went idle
+    stamped = window_to_pb(record._replace(seen_ns=3, shares=(share._replace(granted_ns=5, woke_ns=8),)))
+    assert (stamped.seen_ns, stamped.shares[0].granted_ns, stamped.shares[0].woke_ns) == (3, 5, 8)
     assert event_to_pb(TrainerChanged(5, True, "peer", 1)).trainer.trainers == 1
 
 

@@ -127,6 +127,29 @@ def granted_window(port: FakePort) -> int:
 # -- learning and granting -------------------------------------------------------------------------
 
 
+def test_a_window_record_says_when_the_agent_took_the_start_wrote_the_grant_and_the_worker_saw_it(
+        h: Harness) -> None:
+    """The four legs of a grant (freeride.tooling.harness.grant_parts_us), one clock throughout."""
+    port = h.add("a")
+    t = h.learn()
+
+    def slow_write(window_id: int, until_ns: int) -> None:  # the pipe write that wakes the worker takes time
+        h.now += 15 * US
+        FakePort.grant(port, window_id, until_ns)
+
+    port.grant = slow_write  # type: ignore[method-assign]
+    h.now = t + 40 * US  # the agent takes the START 40 us after the trainer stamped it
+    h.sched.on_bubble(Edge(True, True, 0, 0, 2, t))
+    wid = granted_window(port)
+    h.steps("a", wid, (t + 80 * US, 100 * US))
+    h.sched.on_window_done("a", WindowDone(wid, t + 300 * US, 0, woke_ns=t + 70 * US))
+    h.end(t + LENGTH, iteration=2)
+    record = h.accounts[-1].record
+    (share,) = record.shares
+    assert (record.seen_ns - t, share.granted_ns - t, share.woke_ns - t, share.first_step_ns - t) == (
+        40 * US, 55 * US, 70 * US, 80 * US)
+
+
 def test_no_grant_in_the_first_two_iterations_of_a_slot(h: Harness) -> None:
     port = h.add("a")
     h.start(0, iteration=0)

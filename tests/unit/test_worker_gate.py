@@ -236,3 +236,16 @@ def test_the_backoff_doubles_up_to_its_cap_and_never_spins() -> None:
 @pytest.mark.parametrize(("raw", "gpu"), [("3", 3), ("0", 0), ("", -1), ("cuda", -1)])
 def test_the_worker_reads_its_gpu_index_from_the_agents_environment(raw: str, gpu: int) -> None:
     assert _gpu_index(raw) == gpu  # -1: started by hand, not by an agent
+
+
+def test_the_window_done_says_when_the_worker_saw_the_grant(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    waiter = h.acquire_in_background()
+    granted = time.monotonic_ns()
+    h.writer.grant(1, granted + 10**9)
+    waiter.join(5)
+    assert not waiter.is_alive()
+    returned = time.monotonic_ns()
+    h.gate.close(pb.WINDOW_END_REASON_REVOKED)
+    (done,) = [m.window_done for m in h.sent if m.WhichOneof("body") == "window_done"]
+    assert granted <= done.woke_ns <= returned  # the wait's end, or the read that found the grant

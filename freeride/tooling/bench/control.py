@@ -33,7 +33,14 @@ from freeride.core.cpu import allowed_cpus, parse_cpu_list, pin_threads
 from freeride.core.stats import percentile
 from freeride.errors import FreerideError
 from freeride.tooling.bench import paths, wakefloor
-from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, sleep_until, wait_for_task
+from freeride.tooling.harness import (
+    AgentProcess,
+    WindowCollector,
+    grant_latencies_us,
+    grant_parts_summary,
+    sleep_until,
+    wait_for_task,
+)
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -207,6 +214,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         **wake,
         "grant_us_p50": round(percentile(grants, 0.5), 1),
         "grant_us_p99": round(percentile(grants, 0.99), 1),
+        **grant_parts_summary(windows),
         "revoke_us_p50": round(percentile(revokes, 0.5), 1),
         "revoke_us_p99": round(percentile(revokes, 0.99), 1),
         "event_delay_us_p50": round(stats.gpu.event_delay_us_p50, 1),

@@ -19,7 +19,14 @@ from typing import Any
 from freeride.core.stats import percentile
 from freeride.tooling import trace as tr
 from freeride.tooling.bench import paths, wakefloor
-from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, replay, wait_for_task
+from freeride.tooling.harness import (
+    AgentProcess,
+    WindowCollector,
+    grant_latencies_us,
+    grant_parts_summary,
+    replay,
+    wait_for_task,
+)
 from freeride.v1 import tasks_pb2
 
 _ORACLE_DRAWS = 32
@@ -131,6 +138,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "event_delay_us_p99": round(g.event_delay_us_p99, 1),
         "grant_us_p50": round(percentile(grant_us, 0.5), 1),
         "grant_us_p99": round(percentile(grant_us, 0.99), 1),
+        **grant_parts_summary(windows),
         "edge_gap_ms_p50": round(gap_ms, 2),
         **floor,
         "windows": len(windows),
