@@ -56,7 +56,7 @@ class TaskSlot:
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
 
 
-@dataclass
+@dataclass(slots=True)  # made per grant, on the path to it: no instance dict
 class _Share:
     task_id: str
     steps: list[tuple[int, int]] = field(default_factory=list)
@@ -66,7 +66,7 @@ class _Share:
     killed_at_ns: int = 0  # its step hung past the window and was killed at this instant; 0: it was not
 
 
-@dataclass
+@dataclass(slots=True)
 class Window:
     id: int
     rank: int
@@ -85,7 +85,7 @@ class Window:
     record: WindowRecord | None = None  # set when accounted
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bubble:
     slot: int
     iteration: int
@@ -177,7 +177,7 @@ class Scheduler:
         if predicted is None or self._current is not None:
             return
         until = ev.time_ns + predicted - self.margin.margin_ns()
-        if until - self._clock() < self._cfg.min_window_ns:
+        if until - seen_ns < self._cfg.min_window_ns:  # (seen_ns: now, read once on the way to the grant)
             # A bubble skipped for the margin counts as a clean one: with no window there is no clean
             # window to decay it, so after a burst of overruns short bubbles would never be used again.
             self.margin.on_window(0)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 _LAYOUT = struct.Struct("<QQqQ")  # seq, window_id, until_ns, open
+_SEQ = struct.Struct("<Q")
 SIZE = 64
 
 
@@ -41,14 +42,16 @@ class WindowWriter:
         os.set_blocking(self._write_fd, False)
 
     def _store(self, window_id: int, until_ns: int, is_open: bool) -> None:
-        self._seq += 1  # odd: a write is in progress
-        _LAYOUT.pack_into(self._mm, 0, self._seq, window_id, until_ns, int(is_open))
-        self._seq += 1
-        struct.pack_into("<Q", self._mm, 0, self._seq)
-        # BlockingIOError: the worker has unread wake-ups already; it reads the word, not the bytes.
-        # BrokenPipeError: the worker died and its exit is not processed yet; that exit releases the window.
-        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        seq = self._seq + 1  # odd: a write is in progress
+        _LAYOUT.pack_into(self._mm, 0, seq, window_id, until_ns, int(is_open))
+        self._seq = seq + 1
+        _SEQ.pack_into(self._mm, 0, seq + 1)
+        try:  # noqa: SIM105 - not contextlib.suppress: this runs on the way to every grant
             os.write(self._write_fd, b"w")
+        except (BlockingIOError, BrokenPipeError):
+            # BlockingIOError: the worker has unread wake-ups already; it reads the word, not the bytes.
+            # BrokenPipeError: the worker died and its exit is not processed yet; that exit releases the window.
+            pass
 
     def grant(self, window_id: int, until_ns: int) -> None:
         self._store(window_id, until_ns, True)
@@ -80,7 +83,7 @@ class WindowReader:
     def read(self) -> WindowWord:
         while True:
             seq, window_id, until_ns, is_open = _LAYOUT.unpack_from(self._mm, 0)
-            if seq & 1 == 0 and struct.unpack_from("<Q", self._mm, 0)[0] == seq:
+            if seq & 1 == 0 and _SEQ.unpack_from(self._mm, 0)[0] == seq:
                 return WindowWord(window_id, until_ns, bool(is_open))
 
     def drain(self) -> bool:
