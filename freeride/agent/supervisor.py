@@ -133,7 +133,6 @@ class Supervisor:
 
     async def _start(self, rec: TaskRecord, reason: str) -> None:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
-            self._table.worker_gone(rec)
             return
         rt = self._table.runtime(rec.id)
         if rt.worker is not None or rt.spawning:
