@@ -58,15 +58,15 @@ def lowest_nice_allowed() -> int:
     return min(own, 20 - resource.getrlimit(resource.RLIMIT_NICE)[0])
 
 
-def allowed_cpus(cpus: frozenset[int], flag: str) -> frozenset[int]:
-    """`cpus` if this process may run there; ValueError naming `flag` otherwise."""
+def allowed_cpus(cpus: frozenset[int], flag: str, whose: str = "the agent's") -> frozenset[int]:
+    """`cpus` if this process may run there; ValueError naming `flag` (and `whose` CPUs these are) otherwise."""
     if not hasattr(os, "sched_setaffinity"):
         raise ValueError(f"{flag} needs Linux (sched_setaffinity); leave it out")
     allowed = os.sched_getaffinity(0)
     outside = cpus - allowed
     if not cpus or outside:
         raise ValueError(f"{flag} {format_cpu_list(cpus)}: CPU {format_cpu_list(outside) or '-'} "
-                         f"is not among the agent's CPUs ({format_cpu_list(allowed)}); pick from those")
+                         f"is not among {whose} CPUs ({format_cpu_list(allowed)}); pick from those")
     return cpus
 
 

@@ -82,12 +82,13 @@ def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     assert (r["trainer_cpus"], r["agent_cpus"]) == (str(cpus[0]), str(cpus[-1]))
 
 
-def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts() -> None:
-    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "control", "--agent-cpus", "4096"],
+@pytest.mark.parametrize(("flag", "whose"), [("--agent-cpus", "the agent's"), ("--trainer-cpus", "this machine's")])
+def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts(flag: str, whose: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "control", flag, "4096"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        f"freeride: error: bench control: --agent-cpus 4096: CPU 4096 is not among the agent's CPUs "
+        f"freeride: error: bench control: {flag} 4096: CPU 4096 is not among {whose} CPUs "
         f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
 
 

@@ -65,7 +65,7 @@ def _cpus(text: str | None, flag: str) -> frozenset[int] | None:
     if not text:
         return None
     try:
-        return allowed_cpus(parse_cpu_list(text), flag)
+        return allowed_cpus(parse_cpu_list(text), flag, "this machine's" if flag == "--trainer-cpus" else "the agent's")
     except ValueError as exc:
         raise FreerideError(f"bench control: {exc}") from None
 
