@@ -178,6 +178,11 @@ class Rig:
         self.table.records[task_id] = rec
         return rec
 
+    def ask_stop(self, rec: TaskRecord, desired: TaskState, reason: str | None = None) -> None:
+        """`freeride pause` or `cancel`, as the agent does it: the stop asked of the worker, then the new state."""
+        self.sup.stop(rec, desired)
+        self.table.set_state(rec, desired, f"{desired.value.lower()} by user" if reason is None else reason)
+
     def worker(self, rec: TaskRecord) -> FakeWorker:
         """The task's live worker."""
         w = self.table.worker(rec.id)

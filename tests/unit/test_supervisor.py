@@ -141,8 +141,7 @@ async def test_a_stop_asks_an_attached_worker_for_the_matching_control(
     await rig.sup.start(rec)
     worker = rig.worker(rec)
     outbox = attach(rig, rec.id, worker.instance)
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired)
+    rig.ask_stop(rec, desired)
     assert outbox.get_nowait() is control
     assert worker.kills == []  # it checkpoints and exits by itself
     worker.exit(0)
@@ -158,8 +157,7 @@ async def test_a_worker_stopped_before_it_attached_is_killed_and_told_the_matchi
     rec = rig.task()
     await rig.sup.start(rec)
     worker = rig.worker(rec)
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired)
+    rig.ask_stop(rec, desired)
     assert worker.kills == [f"{desired.value.lower()} before it attached"]
     outbox = attach(rig, rec.id, worker.instance)  # it attached while its kill was on its way
     assert outbox.get_nowait() is control
@@ -171,8 +169,7 @@ async def test_a_task_paused_while_its_worker_is_being_created_stops_that_worker
     rig.launcher.gate = asyncio.Event()
     start = asyncio.ensure_future(rig.sup.start(rec))
     await rig.launcher.spawning.wait()
-    rig.sup.stop(rec, TaskState.PAUSED)
-    rig.table.set_state(rec, TaskState.PAUSED)
+    rig.ask_stop(rec, TaskState.PAUSED)
     rig.launcher.gate.set()
     await start
     (worker,) = rig.launcher.workers
@@ -186,8 +183,7 @@ async def test_a_task_paused_while_its_worker_is_being_created_stops_that_worker
 async def test_a_cancelled_tasks_worker_exit_is_announced_without_a_new_state(rig: Rig) -> None:
     rec = rig.task()
     await rig.sup.start(rec)
-    rig.sup.stop(rec, TaskState.CANCELLED)
-    rig.table.set_state(rec, TaskState.CANCELLED)
+    rig.ask_stop(rec, TaskState.CANCELLED)
     before = len(rig.changes)
     rig.worker(rec).exit(0)
     assert rig.changes[before:] == [(rec.id, TaskState.CANCELLED, Change.WORKER)]
@@ -199,8 +195,7 @@ async def test_a_pause_during_the_restart_backoff_cancels_the_restart(rig: Rig) 
     await rig.sup.start(rec)
     rig.worker(rec).exit(1)
     (timer,) = rig.timers.pending()
-    rig.sup.stop(rec, TaskState.PAUSED)
-    rig.table.set_state(rec, TaskState.PAUSED)
+    rig.ask_stop(rec, TaskState.PAUSED)
     assert timer.cancelled
 
 
@@ -218,8 +213,7 @@ async def test_a_task_that_does_not_fit_waits_visibly_and_starts_when_memory_fre
     assert rig.launcher.of(small.id) == []  # never started to fail
     assert rig.table.waiting() == [small] and rig.table.reserved_bytes == 768 * MiB
 
-    rig.sup.stop(big, TaskState.CANCELLED)
-    rig.table.set_state(big, TaskState.CANCELLED)
+    rig.ask_stop(big, TaskState.CANCELLED)
     rig.launcher.of(big.id)[0].exit(-9)  # its worker is gone: its 768 MiB are free
     rig.timers.fire_next()  # the admission pass set for after the exit
     await rig.sup.settle()
@@ -385,8 +379,7 @@ async def test_a_waiting_task_is_paused_or_cancelled_as_any_other_and_a_late_res
     rec, worker = await ready_task(rig)
     outbox = attach(rig, rec.id, worker.instance)
     rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", True))
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired, "by user")
+    rig.ask_stop(rec, desired, "by user")
     assert outbox.get_nowait() is control
     rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", False))  # sent before it read the control
     assert rec.id not in rig.scheduler.tasks and (rec.state, rec.reason) == (desired, "by user")

@@ -12,18 +12,12 @@ from engine_fakes import MiB, Rig, in_loop
 from test_supervisor import STOPS, attach, bubble, grants, ready_task
 
 from freeride.agent.events import Control, Failed, Ready, WindowDone
-from freeride.agent.model import TaskRecord, TaskState
+from freeride.agent.model import TaskState
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
     return Rig(tmp_path)
-
-
-def ask_stop(rig: Rig, rec: TaskRecord, desired: TaskState) -> None:
-    """`freeride pause` or `cancel`, as the agent does it: the stop asked of the worker, the new state."""
-    rig.sup.stop(rec, desired)
-    rig.table.set_state(rec, desired, f"{desired.value.lower()} by user")
 
 
 # -- bug 3: a checkpoint asked for by pause, cancel or shutdown is no step -------------------------
@@ -38,7 +32,7 @@ async def test_a_task_asked_to_stop_gives_back_its_window_and_gets_no_new_one_wh
     attach(rig, rec.id, worker.instance)
     bubble(rig, 0)
     assert grants(worker) == [1]
-    ask_stop(rig, rec, desired)
+    rig.ask_stop(rec, desired)
     rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
     for it in (1, 2, 3):  # bubbles go on while state_dict() runs: none is granted to it (no hang timer either)
         bubble(rig, it)
@@ -55,7 +49,7 @@ async def test_a_checkpoint_that_outlasts_the_checkpoint_timeout_is_killed_and_t
 ) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    ask_stop(rig, rec, desired)
+    rig.ask_stop(rec, desired)
     (deadline,) = rig.timers.pending()
     assert deadline.at - rig.timers.now == rig.config.checkpoint_timeout_s == 300.0  # the default: generous
     rig.timers.fire_next()
@@ -71,8 +65,7 @@ async def test_a_checkpoint_that_outlasts_the_checkpoint_timeout_is_killed_and_t
 async def test_a_worker_that_stops_in_time_leaves_no_deadline_behind(rig: Rig) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    rig.sup.stop(rec, TaskState.CANCELLED)
-    rig.table.set_state(rec, TaskState.CANCELLED, "cancelled by user")
+    rig.ask_stop(rec, TaskState.CANCELLED)
     (deadline,) = rig.timers.pending()
     worker.exit(0)
     assert deadline.cancelled and rec.reason == "cancelled by user"
@@ -113,7 +106,7 @@ async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason
 ) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    ask_stop(rig, rec, desired)
+    rig.ask_stop(rec, desired)
     rig.sup.on_worker_message(rec.id, worker.instance, Failed("state_dict() raised OSError: disk full", True))
     worker.exit(1)
     assert rec.state is desired  # no crash, no restart
@@ -170,10 +163,8 @@ async def test_a_pause_turned_cancel_while_it_checkpoints_is_killed_as_a_cancel(
     """The deadline runs from the first stop; when it fires the reason names the stop asked for last."""
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    rig.sup.stop(rec, TaskState.PAUSED)
-    rig.table.set_state(rec, TaskState.PAUSED, "paused by user")
-    rig.sup.stop(rec, TaskState.CANCELLED)
-    rig.table.set_state(rec, TaskState.CANCELLED, "cancelled by user")
+    rig.ask_stop(rec, TaskState.PAUSED)
+    rig.ask_stop(rec, TaskState.CANCELLED)
     assert len(rig.timers.pending()) == 1  # one deadline: the cancel does not extend the pause's
     rig.timers.fire_next()
     why = ("its checkpoint after cancel did not finish within 300s (--checkpoint-timeout-s); "

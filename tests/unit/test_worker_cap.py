@@ -48,8 +48,7 @@ async def test_a_worker_exit_starts_the_highest_priority_then_the_oldest_waiting
     for rec in (first, second, old, new_high, newer):
         await rig.sup.start(rec)
 
-    rig.sup.stop(first, TaskState.CANCELLED)
-    rig.table.set_state(first, TaskState.CANCELLED)
+    rig.ask_stop(first, TaskState.CANCELLED)
     rig.worker(first).exit(0)
     rig.timers.fire_next()  # the admission pass set for after the exit (an event, not a poll)
     await rig.sup.settle()
@@ -84,10 +83,8 @@ async def test_pausing_or_cancelling_a_queued_task_takes_it_out_of_the_queue(rig
     a, b, paused, cancelled = rig.task(), rig.task(), rig.task(), rig.task()
     for rec in (a, b, paused, cancelled):
         await rig.sup.start(rec)
-    rig.sup.stop(paused, TaskState.PAUSED)
-    rig.table.set_state(paused, TaskState.PAUSED)
-    rig.sup.stop(cancelled, TaskState.CANCELLED)
-    rig.table.set_state(cancelled, TaskState.CANCELLED)
+    rig.ask_stop(paused, TaskState.PAUSED)
+    rig.ask_stop(cancelled, TaskState.CANCELLED)
     assert rig.table.waiting() == []
     rig.table.set_state(a, TaskState.CANCELLED)
     rig.worker(a).exit(0)
