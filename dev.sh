@@ -6,6 +6,7 @@ cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=${FREERIDE_VENV:-.venv}
+TORCH_VERSION=${FREERIDE_TORCH:-2.13.0}  # CI's: the CPU wheel. ./dev.sh test-torch VERSION tries another one
 
 setup() {
     if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -18,14 +19,16 @@ setup() {
     fi
     local stamp="$VENV/.freeride-installed"
     local want
-    want=$(cat pyproject.toml | "$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+    want=$( { cat pyproject.toml; echo "torch==$TORCH_VERSION"; } | "$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
-        # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch 2.13.
-        if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-            "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
+        # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
+        if [ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
+                != "${TORCH_VERSION%%+*}" ]; then
+            echo "==> installing torch==$TORCH_VERSION into $VENV" >&2
+            "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" >&2
         fi
         # DeepSpeed builds against the torch just installed (no isolated build env, which would
         # fetch another torch); its tests run its pipeline engine on CPU with gloo.
@@ -56,6 +59,14 @@ system_tools() {
     fi
 }
 
+# What ./dev.sh test-torch runs: every test that imports torch or runs a pipeline.
+TORCH_TESTS=(
+    tests/integration/test_torch_pipelining.py tests/integration/test_reporter.py
+    tests/integration/test_deepspeed.py tests/integration/test_megatron.py
+    tests/integration/test_bench_overhead.py tests/integration/test_benchmarks.py
+    tests/unit/test_edges.py tests/side_tasks
+)
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -83,8 +94,28 @@ case "$cmd" in
         fi
         exit "$code"
         ;;
+    test-torch)
+        # The tests that touch torch (trainer integrations, reporter, benchmarks, side tasks) against
+        # another torch release, in its own venv: ./dev.sh test-torch 2.14.1 [pytest args]
+        if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
+            echo "usage: ./dev.sh test-torch VERSION [pytest args], e.g. ./dev.sh test-torch 2.14.1" >&2
+            exit 2
+        fi
+        TORCH_VERSION=$1
+        shift
+        VENV=${FREERIDE_VENV:-.venv-torch-$TORCH_VERSION}
+        setup
+        system_tools
+        "$VENV/bin/python" -c 'import torch; print(f"==> torch {torch.__version__} in '"$VENV"'")' >&2
+        set +e
+        "$VENV/bin/python" -m pytest "${TORCH_TESTS[@]}" "$@"
+        code=$?
+        set -e
+        [ "$code" -eq 5 ] && { echo "pytest collected no tests: that is a failure here" >&2; exit 1; }
+        exit "$code"
+        ;;
     *)
-        echo "usage: ./dev.sh demo|test [args]" >&2
+        echo "usage: ./dev.sh demo|test|test-torch VERSION [args]" >&2
         exit 2
         ;;
 esac

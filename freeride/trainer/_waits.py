@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from freeride.trainer._edges import EdgeClock, InlineClock
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2
 
@@ -42,8 +43,13 @@ class BubbleRecord:
 
 @dataclass
 class WaitTracker:
+    """Numbers, classifies and reports the waits of one rank. Each edge goes through `clock`, which
+    says when the GPU really reached it (`freeride.trainer._edges`): inline on the training thread
+    (modes `stream`, `off`) or later on its watcher thread (`event`); the bookkeeping that needs the
+    edge's time (a slot's length, the recorded bubbles) runs where the edge is reported."""
+
     reporter: BubbleReporter
-    sync: Callable[[], None] | None = None  # CUDA: synchronise the stream at bubble edges
+    clock: EdgeClock = field(default_factory=InlineClock)
     record: bool = False
     min_report_ns: int = 1_000_000
     enabled: bool = True  # False: steps run exactly as without freeride (for A/B measurements)
@@ -53,31 +59,38 @@ class WaitTracker:
     bubbles: list[BubbleRecord] = field(default_factory=list)
     _ordinal: int = 0
     _seen_bwd: bool = False
-    _after_step_ns: int = 0
+    _between_open: bool = False
+    _open_ns: dict[int, int] = field(default_factory=dict)  # slot -> when its open bubble started
     _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _free_bytes: int = 0
 
+    @property
+    def edge_mode(self) -> str:
+        return self.clock.mode
+
     def begin_step(self) -> None:
-        now = time.monotonic_ns()
-        if self._after_step_ns:
-            self.reporter.end(BETWEEN_STEPS_SLOT, BETWEEN)
-            self._keep(BETWEEN_STEPS_SLOT, BETWEEN, self._after_step_ns, now, True)
+        if self._between_open:
+            self._between_open = False
+            # at the CPU's time, as ever: the step's first kernels are about to be queued
+            self.clock.then(_Edge(self, BETWEEN_STEPS_SLOT, BETWEEN, True, 0, False, time.monotonic_ns()).run)
         self.iteration += 1
-        self.reporter.set_iteration(self.iteration)
+        self.clock.then(_SetIteration(self.reporter, self.iteration).run)
         self._ordinal = 0
         self._seen_bwd = False
         if self.free_memory is not None:
             self._free_bytes = self.free_memory()
 
     def end_step(self) -> None:
-        if self.sync is not None:
-            self.sync()
-        self._after_step_ns = time.monotonic_ns()
-        self.reporter.start(BETWEEN_STEPS_SLOT, BETWEEN)
+        self._between_open = True
+        self.clock.edge(_Edge(self, BETWEEN_STEPS_SLOT, BETWEEN, True, 0, True).stamp)
 
     def skip_step(self) -> None:
         """A step run with `enabled` False: the next step has no between-steps gap to report."""
-        self._after_step_ns = 0
+        self._between_open = False
+
+    def close(self) -> None:
+        """Report what the clock still holds and stop its thread (if it has one)."""
+        self.clock.close()
 
     def wait(self, direction: int, fn: Callable[[], T]) -> T:
         token = self.begin_wait(direction)
@@ -86,7 +99,7 @@ class WaitTracker:
         finally:
             self.end_wait(token)
 
-    def begin_wait(self, direction: int) -> tuple[int, int, int, bool]:
+    def begin_wait(self, direction: int) -> tuple[int, int, bool]:
         """The rank is about to block on a peer; pass the result to end_wait()."""
         slot = self._ordinal
         self._ordinal += 1
@@ -95,22 +108,26 @@ class WaitTracker:
         # A wait that was too short to harvest last iteration is not reported (it keeps its slot
         # number): a side task could not use it, and every edge costs the agent some CPU.
         report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
-        if self.sync is not None:
-            self.sync()  # the GPU has finished what was queued before the wait
-        start = time.monotonic_ns()
-        if report:
-            self.reporter.start(slot, kind, free_memory_bytes=self._free_bytes)
-        return slot, kind, start, report
+        # START once the GPU has finished what was queued before the wait
+        self.clock.edge(_Edge(self, slot, kind, report, self._free_bytes, True).stamp)
+        return slot, kind, report
 
-    def end_wait(self, token: tuple[int, int, int, bool]) -> None:
-        slot, kind, start, report = token
-        if self.sync is not None:
-            self.sync()  # the received data has landed
-        end = time.monotonic_ns()
+    def end_wait(self, token: tuple[int, int, bool]) -> None:
+        slot, kind, report = token
+        self.clock.edge(_Edge(self, slot, kind, report, 0, False).stamp)  # END once the received data has landed
+
+    def _started(self, slot: int, kind: int, report: bool, free_bytes: int, now: int) -> None:
+        self._open_ns[slot] = now
+        if report:
+            self.reporter.start(slot, kind, free_memory_bytes=free_bytes)
+
+    def _ended(self, slot: int, kind: int, report: bool, now: int) -> None:
+        start = self._open_ns.pop(slot, now)
         if report:
             self.reporter.end(slot, kind)
-        self._last_ns[slot] = end - start
-        self._keep(slot, kind, start, end, report)
+        if slot != BETWEEN_STEPS_SLOT:
+            self._last_ns[slot] = now - start
+        self._keep(slot, kind, start, now, report)
 
     def _kind(self, direction: int) -> int:
         if direction & END_OF_STEP:
@@ -128,12 +145,42 @@ class WaitTracker:
             self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))
 
 
+class _Edge:
+    """One edge waiting for its time (a slotted record: the hook allocates one small object per edge)."""
+
+    __slots__ = ("at", "free_bytes", "kind", "report", "slot", "start", "tracker")
+
+    def __init__(self, tracker: WaitTracker, slot: int, kind: int, report: bool, free_bytes: int, start: bool,
+                 at: int = 0) -> None:
+        self.tracker, self.slot, self.kind, self.report, self.free_bytes, self.start, self.at = (
+            tracker, slot, kind, report, free_bytes, start, at)
+
+    def run(self) -> None:
+        self.stamp(self.at)
+
+    def stamp(self, now: int) -> None:
+        if self.start:
+            self.tracker._started(self.slot, self.kind, self.report, self.free_bytes, now)
+        else:
+            self.tracker._ended(self.slot, self.kind, self.report, now)
+
+
+class _SetIteration:
+    __slots__ = ("iteration", "reporter")
+
+    def __init__(self, reporter: BubbleReporter, iteration: int) -> None:
+        self.reporter, self.iteration = reporter, iteration
+
+    def run(self) -> None:
+        self.reporter.set_iteration(self.iteration)
+
+
 class Instrumented:
     """What every framework integration returns: its tracker, and the hooks to undo."""
 
     def __init__(self, tracker: WaitTracker) -> None:
         self.tracker = tracker
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], None]] = [tracker.close]  # the last undone: edges already queued are reported
 
     @property
     def reporter(self) -> BubbleReporter:
@@ -142,6 +189,11 @@ class Instrumented:
     @property
     def bubbles(self) -> list[BubbleRecord]:
         return self.tracker.bubbles
+
+    @property
+    def edge_mode(self) -> str:
+        """How bubble edges are taken: stream, event or off (see freeride.trainer._edges)."""
+        return self.tracker.edge_mode
 
     @property
     def enabled(self) -> bool:

@@ -23,7 +23,8 @@ from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory, stream_sync
+from freeride.trainer._cuda import free_memory
+from freeride.trainer._edges import clock_for, resolve_mode
 from freeride.trainer._waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
 from freeride.trainer.reporter import BubbleReporter
 
@@ -116,10 +117,15 @@ def instrument(
     *,
     agent: str | None = None,
     sync_cuda: bool | None = None,
+    edge_sync: str | None = None,
     record: bool = False,
     min_report_us: float = 1000.0,
 ) -> DeepSpeedInstrumentation:
-    """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU."""
+    """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
+
+    `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
+    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer._edges). `sync_cuda=False` means "off".
+    """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule
         from deepspeed.runtime.pipe.engine import PipelineEngine
@@ -138,9 +144,10 @@ def instrument(
             f"RecvGrad; freeride's hook is tested with DeepSpeed {TESTED_DEEPSPEED}"
         )
     device = getattr(engine, "device", None)
+    resolve_mode(device, edge_sync, sync_cuda)  # a bad edge_sync is refused before anything is connected
     if reporter is None:
         reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)))
-    tracker = WaitTracker(reporter, stream_sync(device, sync_cuda), record, int(min_report_us * 1000),
+    tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
     inst = DeepSpeedInstrumentation(engine, tracker)
     wrapped = {

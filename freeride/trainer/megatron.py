@@ -18,11 +18,11 @@ current device), so this path is tested here with Megatron's call sequence, not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory, stream_sync
+from freeride.trainer._cuda import free_memory
+from freeride.trainer._edges import clock_for, resolve_mode
 from freeride.trainer._waits import BWD, FWD, Instrumented, WaitTracker
 from freeride.trainer.reporter import BubbleReporter
 
@@ -56,7 +56,7 @@ class _EdgeTimer:
         self._owner = owner
         self._name = name
         self._inner = inner
-        self._token: tuple[int, int, int, bool] | None = None
+        self._token: tuple[int, int, bool] | None = None
 
     def start(self, barrier: bool = False) -> None:
         self._inner.start(barrier=barrier)
@@ -135,19 +135,23 @@ def instrument(
     record: bool = False,
     min_report_us: float = 1000.0,
     stage: int = 0,
+    edge_sync: str | None = None,
 ) -> MegatronInstrumentation:
     """Report the bubbles of the Megatron-Core schedules that use `config` (a ModelParallelConfig).
 
     `device`: the rank's CUDA device (default: the current one, when CUDA is available).
+    `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
+    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer._edges).
     """
     if not hasattr(config, "timers"):
         raise TypeError(f"{type(config).__name__} has no `timers` attribute: pass Megatron's ModelParallelConfig")
     if device is None:
         device = _current_cuda_device()
+    resolve_mode(device, edge_sync)  # a bad edge_sync is refused before anything is connected
     if reporter is None:
         reporter = connect(agent, stage=stage)
-    sync: Callable[[], None] | None = stream_sync(device)
-    tracker = WaitTracker(reporter, sync, record, int(min_report_us * 1000), free_memory=free_memory(device))
+    tracker = WaitTracker(reporter, clock_for(device, edge_sync), record, int(min_report_us * 1000),
+                          free_memory=free_memory(device))
     previous = config.timers
     timers = FreerideTimers(tracker, previous)
     config.timers = timers

@@ -9,30 +9,40 @@ All schedules (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, Z
 DualPipeV) wait for their peers in one private module function, `_wait_batch_p2p`; this module
 wraps it (and `_batch_p2p`, to learn what each wait is for), and wraps the public `step()` to
 number the waits of each iteration. The k-th wait of a step is slot k, so the same bubble gets
-the same slot in every iteration. On CUDA the stream is synchronised before the wait (the GPU
-has drained: the bubble starts) and after it (the received data has landed: it ends), because
-an NCCL wait does not block the CPU. On gloo the CPU wait is exact.
+the same slot in every iteration. Some releases have other modules of the package that import
+those functions by name (`from .schedules import _wait_batch_p2p`): the hook replaces the name in
+every module of torch.distributed.pipelining that holds it, or those schedules' waits would go
+unseen. On CUDA an NCCL wait does not block the CPU, so the edges are taken by `edge_sync`:
+the stream synchronised around the wait (default), a CUDA event watched off the training thread,
+or none (freeride.trainer._edges). On gloo the CPU wait is exact.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import logging
+import pkgutil
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory, stream_sync
+from freeride.trainer._cuda import free_memory
+from freeride.trainer._edges import clock_for, resolve_mode
 from freeride.trainer._waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
 from freeride.trainer.reporter import BubbleReporter
 
 log = logging.getLogger(__name__)
 
-TESTED_TORCH = ">=2.13,<2.14"
+TESTED_TORCH = ">=2.11,<2.16"  # README: which release was checked how
+_PACKAGE = "torch.distributed.pipelining"
+_HOOKED = ("_wait_batch_p2p", "_batch_p2p")
 
-__all__ = ["TESTED_TORCH", "BubbleRecord", "HookUnavailableError", "Instrumentation", "instrument"]
+__all__ = ["TESTED_TORCH", "BubbleRecord", "HookUnavailableError", "Instrumentation", "hook_points", "instrument"]
 
 
 class HookUnavailableError(FreerideError):
@@ -48,6 +58,7 @@ class Instrumentation(Instrumented):
         self.schedule = schedule
         self._tagged_ops: dict[int, int] = {}
         self._tagged_works: dict[int, int] = {}
+        self.batch_depth = 0  # nested _batch_p2p calls in progress
 
     # -- the wrapped step() ------------------------------------------------------------------------
     def _run_step(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -104,6 +115,7 @@ class Instrumentation(Instrumented):
 _hook_lock = threading.Lock()
 _hook_users = 0
 _originals: dict[str, Callable[..., Any]] = {}
+_patched: list[tuple[Any, str, Callable[..., Any]]] = []  # (module, name, original) to put back
 
 
 def _schedules_module() -> Any:
@@ -112,18 +124,60 @@ def _schedules_module() -> Any:
         import torch.distributed.pipelining.schedules as schedules
     except ImportError as exc:
         raise HookUnavailableError(f"torch.distributed.pipelining is not importable: {exc}") from None
-    for name in ("_wait_batch_p2p", "_batch_p2p"):
+    for name in _HOOKED:
         if not callable(getattr(schedules, name, None)):
             raise HookUnavailableError(
-                f"torch {torch.__version__} has no torch.distributed.pipelining.schedules.{name}; "
+                f"torch {torch.__version__} has no {_PACKAGE}.schedules.{name}; "
                 f"freeride's hook is tested with torch {TESTED_TORCH}"
             )
     return schedules
 
 
+def _import_holders() -> None:
+    """Import every module of the package whose source names a hooked function (a `runtime.py` of some
+    releases imports them by name), so that the hook can replace the name there too."""
+    package = sys.modules[_PACKAGE]
+    for info in pkgutil.iter_modules(package.__path__, _PACKAGE + "."):
+        if info.name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(info.name)
+        origin = getattr(spec, "origin", None)
+        try:
+            with open(origin or "", encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if any(name in text for name in _HOOKED):
+            try:
+                importlib.import_module(info.name)
+            except Exception as exc:  # an optional module (a visualiser, say) that cannot import here holds no wait
+                log.debug("freeride: %s not imported: %s", info.name, exc)
+
+
+def _holders(function: Callable[..., Any], name: str) -> list[Any]:
+    return [mod for key, mod in list(sys.modules.items())
+            if (key == _PACKAGE or key.startswith(_PACKAGE + ".")) and getattr(mod, name, None) is function]
+
+
+def hook_points() -> dict[str, Any]:
+    """What the hook replaces in this process's torch: each hooked name and the modules that hold it."""
+    import torch
+
+    schedules = _schedules_module()
+    _import_holders()
+    with _hook_lock:
+        functions = {"_wait_batch_p2p": _originals.get("wait", schedules._wait_batch_p2p),
+                     "_batch_p2p": _originals.get("batch", schedules._batch_p2p)}
+        held = {name: sorted(m.__name__ for m in _holders(fn, name)) for name, fn in functions.items()}
+    if _hook_users:  # the hooked copies stand where the originals were
+        held = {name: sorted({m.__name__ for m, n, _ in _patched if n == name}) for name in functions}
+    return {"torch": torch.__version__, "tested": TESTED_TORCH, "modules": held}
+
+
 def _install_hook() -> None:
     global _hook_users
     schedules = _schedules_module()
+    _import_holders()
     with _hook_lock:
         _hook_users += 1
         if _hook_users > 1:
@@ -132,32 +186,43 @@ def _install_hook() -> None:
         _originals.update(wait=wait, batch=batch)
 
         @functools.wraps(wait)
-        def hooked_wait(works: list[Any]) -> None:
+        def hooked_wait(works: Any) -> None:
             active = getattr(_local, "active", None)
             if active is None:
                 return wait(works)
             return active.wait(wait, works)
 
         @functools.wraps(batch)
-        def hooked_batch(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-            works = batch(p2p_ops, desc)
+        def hooked_batch(p2p_ops: list[Any], *args: Any, **kwargs: Any) -> Any:
             active = getattr(_local, "active", None)
-            if active is not None:
+            if active is None:
+                return batch(p2p_ops, *args, **kwargs)
+            # torch >= 2.14 calls _batch_p2p again for each process group of a mixed batch (through the
+            # module's name, so through this hook): the outermost call's works are what gets waited on.
+            active.batch_depth += 1
+            try:
+                works = batch(p2p_ops, *args, **kwargs)
+            finally:
+                active.batch_depth -= 1
+            if active.batch_depth == 0:
                 active.batched(p2p_ops, works)
             return works
 
-        schedules._wait_batch_p2p = hooked_wait
-        schedules._batch_p2p = hooked_batch
+        for name, original, hooked in (("_wait_batch_p2p", wait, hooked_wait), ("_batch_p2p", batch, hooked_batch)):
+            for mod in _holders(original, name):
+                setattr(mod, name, hooked)
+                _patched.append((mod, name, original))
 
 
 def _remove_hook() -> None:
     global _hook_users
-    schedules = _schedules_module()
     with _hook_lock:
         _hook_users -= 1
         if _hook_users == 0:
-            schedules._wait_batch_p2p = _originals.pop("wait")
-            schedules._batch_p2p = _originals.pop("batch")
+            while _patched:
+                mod, name, original = _patched.pop()
+                setattr(mod, name, original)
+            _originals.clear()
 
 
 def _stages_of(schedule: Any) -> list[Any]:
@@ -176,24 +241,28 @@ def instrument(
     *,
     agent: str | None = None,
     sync_cuda: bool | None = None,
+    edge_sync: str | None = None,
     record: bool = False,
     min_report_us: float = 1000.0,
 ) -> Instrumentation:
     """Report every bubble of `schedule` to the agent of this rank's GPU; `undo()` to stop.
 
     `reporter`: an existing BubbleReporter (default: `freeride.trainer.connect(agent)`).
-    `sync_cuda`: synchronise the stream at bubble edges (default: when the stage is on CUDA).
+    `edge_sync`: how bubble edges are taken on CUDA: "stream" (synchronise the stream around each
+    wait), "event" (a CUDA event watched off the training thread) or "off" (CPU times); default
+    $FREERIDE_EDGE_SYNC, else "stream". `sync_cuda=False` (older flag) means "off".
     `record`: also keep every bubble in `Instrumentation.bubbles`.
     `min_report_us`: a wait shorter than this in the previous iteration is not reported.
     """
     _schedules_module()
     stages = _stages_of(schedule)
     device = getattr(stages[0], "device", None)
-    sync = stream_sync(device, sync_cuda)
+    resolve_mode(device, edge_sync, sync_cuda)  # a bad edge_sync is refused before anything is connected
     if reporter is None:
         first = stages[0]
         reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)))
-    tracker = WaitTracker(reporter, sync, record, int(min_report_us * 1000), free_memory=free_memory(device))
+    tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
+                          free_memory=free_memory(device))
     inst = Instrumentation(schedule, tracker)
     _install_hook()
     inst._undo.append(_remove_hook)

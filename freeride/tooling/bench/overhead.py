@@ -8,13 +8,18 @@ cancel. With `--mps both` the whole run is repeated under an MPS daemon the agen
 trainer a client at normal priority and the side task below it.
 
 The trainer runs in its own process per configuration, so it can join (or not) the MPS daemon
-before it creates its CUDA context. `--device cpu` runs the same replay on CPU as a smoke test:
-its numbers say nothing about a GPU.
+before it creates its CUDA context. Its kernels are queued as a trainer queues them (no
+synchronise after each), and each gap is a pipeline wait through freeride's own WaitTracker with
+the chosen edge mode (`--edge-sync stream|event|off|all`: each mode is a configuration of its own,
+run back to back). The wait itself stands for the neighbour: it returns `gap` after this stage's
+GPU drained, so the iteration keeps the trace's timeline in every mode. `--device cpu` runs the
+same replay on CPU as a smoke test: its numbers say nothing about a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -29,6 +34,7 @@ from freeride.core.stats import percentile
 from freeride.errors import FreerideError
 from freeride.tooling import trace as tr
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, wait_for_task
+from freeride.trainer._edges import EDGE_MODES
 from freeride.v1 import tasks_pb2
 
 _LEARN = 2  # reported iterations the agent needs before it grants windows
@@ -58,6 +64,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mps", choices=["off", "start", "both"], default="both",
                    help="run without MPS, with an MPS daemon the agent starts, or both (cuda only)")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control program")
+    p.add_argument("--edge-sync", choices=[*EDGE_MODES, "all"], default="stream",
+                   help="how the trainer takes bubble edges on CUDA (see instrument(edge_sync=...)); all: each "
+                        "mode in turn. On cpu always off")
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -78,10 +87,16 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.side_task.endswith(":MatmulTask"):
         side_args.setdefault("step_ms", str(ns.side_step_ms))
         side_args.setdefault("size", "256" if cpu else "4096")
-    results = {}
+    edges = ["off"] if cpu else (list(EDGE_MODES) if ns.edge_sync == "all" else [ns.edge_sync])
+    runs = []
     for mode in modes:
-        results[mode] = _run_config(ns, mode, shape, iterations, side_args)
+        for edge in edges:
+            runs.append({"mps": mode, "edge_sync": edge, **_run_config(ns, mode, edge, shape, iterations, side_args)})
+    results = {r["mps"]: dict(r) for r in reversed(runs)}  # per MPS mode, its first edge mode's run
+    for r in runs:
+        r.pop("device_name", None)
     first = results[modes[0]]
+    first.pop("mps")
     out: dict[str, Any] = {
         "benchmark": "overhead",
         "device": ns.device,
@@ -90,10 +105,11 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "note": "CPU smoke test: not representative of a GPU" if cpu else "",
         "schedule": "1F1B", "p": ns.stages, "m": ns.microbatches, "stage": ns.stage, **shape,
         "iterations": iterations, "side_task": ns.side_task, "side_args": side_args,
-        "mps": modes[0], **first,
+        "mps": modes[0], **first, "runs": runs,
     }
     if "start" in results and modes[0] != "start":
         results["start"].pop("device_name", None)
+        results["start"].pop("mps", None)
         out["with_mps"] = results["start"]
     return out
 
@@ -108,7 +124,7 @@ def _check_device(device: str) -> None:
                             "--device cpu runs it as a smoke test that is not representative")
 
 
-def _run_config(ns: argparse.Namespace, mode: str, shape: dict[str, int], iterations: int,
+def _run_config(ns: argparse.Namespace, mode: str, edge: str, shape: dict[str, int], iterations: int,
                 side_args: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="frbench-", dir="/tmp") as tmp:
         root = Path(tmp)
@@ -125,7 +141,7 @@ def _run_config(ns: argparse.Namespace, mode: str, shape: dict[str, int], iterat
             wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY], timeout_s=300)
             with WindowCollector(client) as collector:
                 plan = {"target": agent.target, "device": ns.device, "p": ns.stages, "m": ns.microbatches,
-                        "stage": ns.stage, "iterations": iterations, **shape}
+                        "stage": ns.stage, "iterations": iterations, "edge_sync": edge, **shape}
                 res = subprocess.run([sys.executable, "-m", "freeride.tooling.bench.overhead", json.dumps(plan)],
                                      env=env, capture_output=True, text=True, check=False)
                 if res.returncode != 0:
@@ -146,6 +162,7 @@ def _summarise(trainer: dict[str, Any], windows: list[tasks_pb2.WindowRecord], h
     harvested = [steps[i] for i in harvested_its]
     # Each harvested step against the mean of the plain steps on either side: slow drifts cancel.
     paired = [steps[i] / ((steps[i - 1] + steps[i + 1]) / 2) for i in harvested_its if i + 1 < n]
+    # The first harvested iteration is the worker's first steps: CUDA context, allocator, kernel warm-up.
     wanted = set(harvested_its)
     bubble_s = sum((e - s) / 1e9 for it, _, s, e in trainer["bubbles"] if it in wanted)
     mine = [w for w in windows if w.iteration in wanted]
@@ -159,6 +176,7 @@ def _summarise(trainer: dict[str, Any], windows: list[tasks_pb2.WindowRecord], h
         "step_ms_plain": round(statistics.median(plain), 3) if plain else 0.0,
         "step_ms_harvested": round(statistics.median(harvested), 3) if harvested else 0.0,
         "slowdown": round(statistics.median(paired) - 1, 5) if paired else 0.0,
+        "slowdown_first_harvested": round(paired[0] - 1, 5) if paired else 0.0,
         "bubble_s": round(bubble_s, 4),
         "harvested_s": round(harvested_s, 4),
         "efficiency": round(harvested_s / bubble_s, 4) if bubble_s else 0.0,
@@ -178,6 +196,8 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
     """Build the stage, time F and B, then replay its 1F1B timeline with real kernels (odd iterations reported)."""
     import torch
 
+    from freeride.trainer._edges import clock_for
+    from freeride.trainer._waits import FWD, WaitTracker
     from freeride.trainer.reporter import BubbleReporter
 
     dev = torch.device("cuda:0" if plan["device"] == "cuda" else "cpu")
@@ -195,35 +215,44 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
 
     def forward() -> None:
         inflight.append(block(x.requires_grad_()))
-        sync()
 
     def backward() -> None:
         y = inflight.pop(0)
         y.backward(torch.ones_like(y))
-        sync()
 
-    f_ms = _time_ms(forward, 3)
-    b_ms = _time_ms(backward, 3, prepare=forward)
+    f_ms = _time_ms(forward, 3, sync)
+    b_ms = _time_ms(backward, 3, sync, prepare=forward)
     stage_trace = tr.generate("1f1b", plan["p"], plan["m"], f_ms, b_ms, 0.0, plan["iterations"])[plan["stage"]]
     reporter = BubbleReporter(plan["target"], rank=plan["stage"], stage=plan["stage"])
     if not reporter.wait_connected(10):
         raise RuntimeError("the reporter could not connect to the agent")
-    steps, bubbles = [], []
+    tracker = WaitTracker(reporter, clock_for(dev, plan.get("edge_sync", "stream")), record=True, min_report_ns=0)
+    drained = torch.cuda.Event(blocking=True) if dev.type == "cuda" else None
+
+    def neighbour(gap_s: float) -> None:
+        """The receive: its data arrives gap_s after this stage's GPU has drained (the trace's timeline)."""
+        if drained is not None:
+            drained.synchronize()
+        _sleep_s(gap_s)
+
+    steps = []
     try:
         for it, segments in enumerate(stage_trace):
-            report = it % 2 == 1
-            reporter.set_iteration(it)
+            tracker.enabled = it % 2 == 1
+            if tracker.enabled:
+                tracker.iteration = it - 1  # the edges carry the replay's iteration numbers
+                tracker.begin_step()  # numbers this iteration's waits; no between-steps gap in this replay
+            else:
+                tracker.skip_step()
             t0 = time.monotonic_ns()
             for seg in segments:
                 if seg.bubble:
-                    if report:
-                        reporter.start(seg.slot, seg.kind)
-                    start = time.monotonic_ns()
-                    _sleep_s(seg.duration_s)
-                    end = time.monotonic_ns()
-                    if report:
-                        reporter.end(seg.slot, seg.kind)
-                        bubbles.append((it, seg.slot, start, end))
+                    if drained is not None:
+                        drained.record()
+                    if tracker.enabled:
+                        tracker.wait(FWD, functools.partial(neighbour, seg.duration_s))
+                    else:
+                        neighbour(seg.duration_s)
                 elif abs(seg.duration_s * 1e3 - f_ms) <= abs(seg.duration_s * 1e3 - b_ms):
                     forward()
                 else:
@@ -231,18 +260,23 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
             sync()
             steps.append((time.monotonic_ns() - t0) / 1e6)
     finally:
+        tracker.close()
         reporter.close()
+    bubbles = [(b.iteration, b.slot, b.start_ns, b.end_ns) for b in tracker.bubbles]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    return {"device_name": name, "F_ms": f_ms, "B_ms": b_ms, "step_ms": steps, "bubbles": bubbles}
+    return {"device_name": name, "F_ms": f_ms, "B_ms": b_ms, "step_ms": steps, "bubbles": bubbles,
+            "edge_sync": tracker.edge_mode}
 
 
-def _time_ms(fn: Any, n: int, prepare: Any = None) -> float:
+def _time_ms(fn: Any, n: int, sync: Any, prepare: Any = None) -> float:
     out = []
     for _ in range(n + 1):
         if prepare is not None:
             prepare()
+            sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         out.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(out[1:])  # the first call pays for allocator and kernel selection
 
