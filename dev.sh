@@ -64,7 +64,7 @@ TORCH_TESTS=(
     tests/integration/test_torch_pipelining.py tests/integration/test_reporter.py
     tests/integration/test_deepspeed.py tests/integration/test_megatron.py
     tests/integration/test_bench_overhead.py tests/integration/test_benchmarks.py
-    tests/unit/test_edges.py tests/side_tasks
+    tests/unit/test_edges.py tests/unit/test_torch_hook.py tests/side_tasks
 )
 
 cmd=${1:-}

@@ -64,11 +64,11 @@ def resolve_mode(device: Any, edge_sync: str | None = None, sync_cuda: bool | No
     A bad argument raises ValueError; a bad environment variable is logged and the default used (an
     environment variable never stops a training job). `sync_cuda=False` (the older flag) means `off`.
     """
+    if edge_sync is not None and edge_sync not in EDGE_MODES:
+        raise ValueError(f"edge_sync must be one of {', '.join(EDGE_MODES)}, not {edge_sync!r}")
     if getattr(device, "type", "cpu") != "cuda":
         return "off"
     if edge_sync is not None:
-        if edge_sync not in EDGE_MODES:
-            raise ValueError(f"edge_sync must be one of {', '.join(EDGE_MODES)}, not {edge_sync!r}")
         return edge_sync
     if sync_cuda is False:
         return "off"

@@ -232,6 +232,14 @@ def _stages_of(schedule: Any) -> list[Any]:
         stages = [stage] if stage is not None else []
     if not stages:
         raise HookUnavailableError(f"{type(schedule).__name__} has no pipeline stages to instrument")
+    for stage in stages:
+        for name in ("get_fwd_recv_ops", "get_bwd_recv_ops"):
+            if not callable(getattr(stage, name, None)):
+                import torch
+
+                raise HookUnavailableError(
+                    f"{type(stage).__name__} of torch {torch.__version__} has no {name}(); "
+                    f"freeride's hook is tested with torch {TESTED_TORCH}")
     return list(stages)
 
 

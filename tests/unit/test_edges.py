@@ -1,14 +1,10 @@
 """Bubble edges on CUDA, in-process: the event mode with a fake CUDA event (the GPU's drain is a
-threading.Event the test sets), the stream mode's synchronise, the mode's resolution, and the hook's
-reach into every module of torch.distributed.pipelining that holds the wait function."""
+threading.Event the test sets), the stream mode's synchronise, and the mode's resolution."""
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
-import types
-from typing import Any
 
 import pytest
 
@@ -177,31 +173,3 @@ def test_the_mode_comes_from_the_argument_then_the_environment_then_the_default(
     with caplog.at_level(logging.WARNING, logger="freeride.trainer._edges"):
         assert resolve_mode(cuda) == "stream"  # an environment variable never stops training
     assert "FREERIDE_EDGE_SYNC='fast' is not one of stream, event, off; using stream" in caplog.text
-
-
-def test_the_hook_replaces_the_wait_in_every_module_that_imported_it_by_name() -> None:
-    pytest.importorskip("torch")
-    import torch.distributed.pipelining.schedules as schedules
-
-    from freeride.trainer import torch_pipelining as tp
-
-    original = schedules._wait_batch_p2p
-    # What a release with runtime.py looks like: `from .schedules import _wait_batch_p2p, _batch_p2p`.
-    name = "torch.distributed.pipelining._freeride_test_runtime"
-    runtime = types.ModuleType(name)
-    runtime._wait_batch_p2p = original  # type: ignore[attr-defined]
-    runtime._batch_p2p = schedules._batch_p2p  # type: ignore[attr-defined]
-    sys.modules[name] = runtime
-    try:
-        before = tp.hook_points()["modules"]
-        assert name in before["_wait_batch_p2p"] and "torch.distributed.pipelining.schedules" in before["_batch_p2p"]
-        tp._install_hook()
-        try:
-            hooked: Any = runtime._wait_batch_p2p  # type: ignore[attr-defined]
-            assert hooked is not original and hooked is schedules._wait_batch_p2p
-            assert tp.hook_points()["modules"] == before  # the same modules, now holding the hook
-        finally:
-            tp._remove_hook()
-        assert runtime._wait_batch_p2p is original and schedules._wait_batch_p2p is original  # type: ignore[attr-defined]
-    finally:
-        del sys.modules[name]
