@@ -98,7 +98,7 @@ def message_dict(msg: Message) -> dict[str, Any]:
         if f.message_type is not None and f.message_type.GetOptions().map_entry:
             vf = f.message_type.fields_by_name["value"]
             out[f.name] = {k: _value(vf, v) for k, v in value.items()}
-        elif f.is_repeated:
+        elif _repeated(f):
             out[f.name] = [_value(f, v) for v in value]
         elif f.has_presence and f.message_type is None and not msg.HasField(f.name):
             out[f.name] = None
@@ -176,3 +176,9 @@ def absolute_ref(ref: str) -> str:
     if sep and path.endswith(".py"):
         return f"{Path(path).absolute()}:{cls}"
     return ref
+
+
+def _repeated(f: Any) -> bool:
+    """protobuf >= 6.31 says `is_repeated` (7 has no `label`); 5.x only has the label."""
+    is_repeated = getattr(f, "is_repeated", None)
+    return bool(is_repeated) if is_repeated is not None else f.label == f.LABEL_REPEATED

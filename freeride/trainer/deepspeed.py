@@ -24,9 +24,9 @@ from typing import Any
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
-from freeride.trainer._edges import clock_for, resolve_mode
-from freeride.trainer._waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
+from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
 
 TESTED_DEEPSPEED = ">=0.19,<0.20"
 
@@ -124,7 +124,7 @@ def instrument(
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
-    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer._edges). `sync_cuda=False` means "off".
+    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges). `sync_cuda=False` means "off".
     """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule

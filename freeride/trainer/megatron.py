@@ -22,9 +22,9 @@ from typing import Any
 
 from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
-from freeride.trainer._edges import clock_for, resolve_mode
-from freeride.trainer._waits import BWD, FWD, Instrumented, WaitTracker
+from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.waits import BWD, FWD, Instrumented, WaitTracker
 
 STEP_TIMER = "forward-backward"
 #: Megatron-Core's P2P timer names that wait for data, and what they receive.
@@ -141,7 +141,7 @@ def instrument(
 
     `device`: the rank's CUDA device (default: the current one, when CUDA is available).
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
-    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer._edges).
+    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges).
     """
     if not hasattr(config, "timers"):
         raise TypeError(f"{type(config).__name__} has no `timers` attribute: pass Megatron's ModelParallelConfig")

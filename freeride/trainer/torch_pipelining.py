@@ -14,7 +14,7 @@ those functions by name (`from .schedules import _wait_batch_p2p`): the hook rep
 every module of torch.distributed.pipelining that holds it, or those schedules' waits would go
 unseen. On CUDA an NCCL wait does not block the CPU, so the edges are taken by `edge_sync`:
 the stream synchronised around the wait (default), a CUDA event watched off the training thread,
-or none (freeride.trainer._edges). On gloo the CPU wait is exact.
+or none (freeride.trainer.edges). On gloo the CPU wait is exact.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
-from freeride.trainer._edges import clock_for, resolve_mode
-from freeride.trainer._waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
+from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -53,7 +52,7 @@ class TaskSpec(_message.Message):
     max_restarts: int
     checkpoint_interval_s: float
     no_mps: bool
-    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ..., no_mps: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ..., no_mps: bool = ...) -> None: ...
 
 class TaskCounters(_message.Message):
     __slots__ = ("steps", "harvested_s", "overrun_s", "overrun_steps", "windows", "killed_steps", "step_estimate_s", "peak_memory_bytes")
@@ -272,7 +271,7 @@ class TrainerChange(_message.Message):
     peer: str
     trainers: int
     path: str
-    def __init__(self, connected: _Optional[bool] = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+    def __init__(self, connected: bool = ..., peer: _Optional[str] = ..., trainers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class WindowRecord(_message.Message):
     __slots__ = ("window_id", "rank", "slot", "iteration", "bubble_start_ns", "bubble_end_ns", "until_ns", "predicted_ns", "shares", "seen_ns")
@@ -372,7 +371,7 @@ class LogsRequest(_message.Message):
     id: str
     follow: bool
     tail_lines: int
-    def __init__(self, id: _Optional[str] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., follow: bool = ..., tail_lines: _Optional[int] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("data", "path")
@@ -400,7 +399,7 @@ class PruneRequest(_message.Message):
     older_than_s: float
     states: _containers.RepeatedScalarFieldContainer[TaskState]
     dry_run: bool
-    def __init__(self, older_than_s: _Optional[float] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    def __init__(self, older_than_s: _Optional[float] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., dry_run: bool = ...) -> None: ...
 
 class PruneResponse(_message.Message):
     __slots__ = ("tasks", "files_removed", "bytes_freed", "dry_run")
@@ -412,4 +411,4 @@ class PruneResponse(_message.Message):
     files_removed: int
     bytes_freed: int
     dry_run: bool
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., files_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., files_removed: _Optional[int] = ..., bytes_freed: _Optional[int] = ..., dry_run: bool = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from freeride.v1 import tasks_pb2 as freeride_dot_v1_dot_tasks__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in freeride/v1/tasks_pb2_grpc.py depends on'
+        + f' but the generated code in freeride/v1/tasks_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class TaskServiceStub:
+class TaskServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -96,7 +96,7 @@ class TaskServiceStub:
                 _registered_method=True)
 
 
-class TaskServiceServicer:
+class TaskServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Submit(self, request, context):
@@ -245,7 +245,7 @@ def add_TaskServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class TaskService:
+class TaskService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

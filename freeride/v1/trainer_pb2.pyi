@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -63,7 +62,7 @@ class TrainerHello(_message.Message):
     stage: int
     shared_memory: bool
     ring_records: int
-    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., shared_memory: _Optional[bool] = ..., ring_records: _Optional[int] = ...) -> None: ...
+    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., shared_memory: bool = ..., ring_records: _Optional[int] = ...) -> None: ...
 
 class BubbleBatch(_message.Message):
     __slots__ = ("events", "hello")
@@ -85,4 +84,4 @@ class TrainerWelcome(_message.Message):
     ring_socket: str
     ring_key: bytes
     hello_answered: bool
-    def __init__(self, gpu: _Optional[int] = ..., agent_version: _Optional[str] = ..., ring_socket: _Optional[str] = ..., ring_key: _Optional[bytes] = ..., hello_answered: _Optional[bool] = ...) -> None: ...
+    def __init__(self, gpu: _Optional[int] = ..., agent_version: _Optional[str] = ..., ring_socket: _Optional[str] = ..., ring_key: _Optional[bytes] = ..., hello_answered: bool = ...) -> None: ...

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -159,7 +158,7 @@ class WorkerFailed(_message.Message):
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     reason: str
     retryable: bool
-    def __init__(self, reason: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...
+    def __init__(self, reason: _Optional[str] = ..., retryable: bool = ...) -> None: ...
 
 class WorkerWaiting(_message.Message):
     __slots__ = ("reason", "waiting")
@@ -167,7 +166,7 @@ class WorkerWaiting(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     reason: str
     waiting: bool
-    def __init__(self, reason: _Optional[str] = ..., waiting: _Optional[bool] = ...) -> None: ...
+    def __init__(self, reason: _Optional[str] = ..., waiting: bool = ...) -> None: ...
 
 class AgentCommand(_message.Message):
     __slots__ = ("setup", "control")

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from freeride.trainer import _edges
-from freeride.trainer._edges import EventClock, InlineClock, resolve_mode
-from freeride.trainer._waits import BETWEEN_STEPS_SLOT, FWD, WaitTracker
+from freeride.trainer import edges
+from freeride.trainer.edges import EventClock, InlineClock, resolve_mode
+from freeride.trainer.waits import BETWEEN_STEPS_SLOT, FWD, WaitTracker
 
 
 class FakeEvent:
@@ -106,11 +106,11 @@ def test_event_mode_keeps_the_order_and_iterations_of_edges_across_steps_and_reu
         reporter.wait_calls(6 * step + 5)  # the last gap's END, 4 edges of the waits, this gap's START
     tracker.begin_step()  # closes the last between-steps gap
     tracker.close()  # reports what is queued, then joins the watcher
-    edges = [(e, s, it) for e, s, it in reporter.calls]
-    assert edges[:6] == [("start", 0, 0), ("end", 0, 0), ("start", 1, 0), ("end", 1, 0),
+    seen = list(reporter.calls)
+    assert seen[:6] == [("start", 0, 0), ("end", 0, 0), ("start", 1, 0), ("end", 1, 0),
                          ("start", BETWEEN_STEPS_SLOT, 0), ("end", BETWEEN_STEPS_SLOT, 0)]
-    assert [it for e, s, it in edges if s == 0 and e == "start"] == [0, 1, 2]
-    assert edges[-1] == ("end", BETWEEN_STEPS_SLOT, 2)
+    assert [it for e, s, it in seen if s == 0 and e == "start"] == [0, 1, 2]
+    assert seen[-1] == ("end", BETWEEN_STEPS_SLOT, 2)
     # 5 edges a step wait for the GPU; the pool keeps as few events as were ever in flight at once
     assert sum(ev.recorded for ev in events) == 15
     assert len(events) <= 5
@@ -126,7 +126,7 @@ def test_a_failing_reporter_is_logged_once_and_the_watcher_goes_on(caplog: pytes
         raise RuntimeError("ring gone")
 
     reporter.start = broken  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="freeride.trainer._edges"):
+    with caplog.at_level(logging.ERROR, logger="freeride.trainer.edges"):
         tracker.begin_step()
         for _ in range(3):
             tracker.end_wait(tracker.begin_wait(FWD))
@@ -160,16 +160,16 @@ class _Device:
 def test_the_mode_comes_from_the_argument_then_the_environment_then_the_default(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     cuda, cpu = _Device("cuda"), _Device("cpu")
-    monkeypatch.delenv(_edges.ENV_EDGE_SYNC, raising=False)
+    monkeypatch.delenv(edges.ENV_EDGE_SYNC, raising=False)
     assert resolve_mode(cpu, "event") == "off"  # a CPU wait is exact: nothing to synchronise
     assert resolve_mode(cuda) == "stream"
     assert resolve_mode(cuda, sync_cuda=False) == "off"
-    monkeypatch.setenv(_edges.ENV_EDGE_SYNC, "event")
+    monkeypatch.setenv(edges.ENV_EDGE_SYNC, "event")
     assert resolve_mode(cuda) == "event"
     assert resolve_mode(cuda, "off") == "off"
     with pytest.raises(ValueError, match="edge_sync must be one of stream, event, off, not 'evnt'"):
         resolve_mode(cuda, "evnt")
-    monkeypatch.setenv(_edges.ENV_EDGE_SYNC, "fast")
-    with caplog.at_level(logging.WARNING, logger="freeride.trainer._edges"):
+    monkeypatch.setenv(edges.ENV_EDGE_SYNC, "fast")
+    with caplog.at_level(logging.WARNING, logger="freeride.trainer.edges"):
         assert resolve_mode(cuda) == "stream"  # an environment variable never stops training
     assert "FREERIDE_EDGE_SYNC='fast' is not one of stream, event, off; using stream" in caplog.text

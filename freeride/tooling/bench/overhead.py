@@ -34,7 +34,7 @@ from freeride.core.stats import percentile
 from freeride.errors import FreerideError
 from freeride.tooling import trace as tr
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, wait_for_task
-from freeride.trainer._edges import EDGE_MODES
+from freeride.trainer.edges import EDGE_MODES
 from freeride.v1 import tasks_pb2
 
 _LEARN = 2  # reported iterations the agent needs before it grants windows
@@ -196,9 +196,9 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
     """Build the stage, time F and B, then replay its 1F1B timeline with real kernels (odd iterations reported)."""
     import torch
 
-    from freeride.trainer._edges import clock_for
-    from freeride.trainer._waits import FWD, WaitTracker
+    from freeride.trainer.edges import clock_for
     from freeride.trainer.reporter import BubbleReporter
+    from freeride.trainer.waits import FWD, WaitTracker
 
     dev = torch.device("cuda:0" if plan["device"] == "cuda" else "cpu")
     if dev.type == "cpu":

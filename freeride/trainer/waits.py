@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from freeride.trainer._edges import EdgeClock, InlineClock
+from freeride.trainer.edges import EdgeClock, InlineClock
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2
 
@@ -44,7 +44,7 @@ class BubbleRecord:
 @dataclass
 class WaitTracker:
     """Numbers, classifies and reports the waits of one rank. Each edge goes through `clock`, which
-    says when the GPU really reached it (`freeride.trainer._edges`): inline on the training thread
+    says when the GPU really reached it (`freeride.trainer.edges`): inline on the training thread
     (modes `stream`, `off`) or later on its watcher thread (`event`); the bookkeeping that needs the
     edge's time (a slot's length, the recorded bubbles) runs where the edge is reported."""
 
@@ -192,7 +192,7 @@ class Instrumented:
 
     @property
     def edge_mode(self) -> str:
-        """How bubble edges are taken: stream, event or off (see freeride.trainer._edges)."""
+        """How bubble edges are taken: stream, event or off (see freeride.trainer.edges)."""
         return self.tracker.edge_mode
 
     @property
