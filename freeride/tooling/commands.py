@@ -1,4 +1,4 @@
-"""The tooling's commands in the `freeride` CLI: bench, demo, timeline."""
+"""The tooling's commands in the `freeride` CLI: bench, demo, gpu-check, timeline."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from freeride.cli.app import add_agent_args, subcommands
 from freeride.tooling import timeline
 from freeride.tooling.bench import cli as bench_cli
 from freeride.tooling.demo import plan as demo_plan
+from freeride.tooling.gpucheck import cli as gpucheck_cli
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="the main demo: a real pipeline training a transformer, side tasks in its bubbles")
     demo_plan.add_args(d)
     d.set_defaults(func=_cmd_demo)
+    gpucheck_cli.add_parser(sub)
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
