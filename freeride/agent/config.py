@@ -59,6 +59,10 @@ class AgentConfig:
     metrics_addr: str = "127.0.0.1"  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
     socket_mode: str = "0660"  # octal permissions of the unix socket: submitting runs code
     socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
+    # A --socket-mode with "other" bits lets every local user list, cancel and submit code that runs as the
+    # agent's user: refused unless this is set (env FREERIDE_ALLOW_WORLD_SOCKET=1), for a host whose users are all
+    # trusted or a socket directory that already keeps them out.
+    allow_world_socket: bool = False
     token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
     bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
     # Resident side-task workers at once; more tasks wait (queued) and start, highest priority then oldest, as
@@ -200,6 +204,12 @@ class AgentConfig:
                 "--socket-mode must be octal permissions that keep owner rw, like 0660 or 0600; "
                 f"got {self.socket_mode!r}"
             )
+        if mode & 0o007 and not self.allow_world_socket:
+            raise ConfigError(
+                f"--socket-mode {self.socket_mode} lets every local user use the socket: list and cancel every task, "
+                "and submit code that runs as the agent's user; use 0660 with --socket-group for the users who may, "
+                "or pass --allow-world-socket (env FREERIDE_ALLOW_WORLD_SOCKET=1) if every local user is trusted"
+            )
         return mode
 
     def socket_gid(self) -> int | None:
@@ -231,13 +241,16 @@ def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
                 out[f.name] = Path(raw)
             elif f.name.endswith("_bytes"):
                 out[f.name] = parse_size(raw)
+            elif str(f.type) == "bool":
+                out[f.name] = _flag(raw)
             elif kind is not None:
                 out[f.name] = kind(raw)
             else:
                 out[f.name] = raw
         except (ValueError, InvalidSpecError):
             what = ("size like 64KiB or 1GiB" if f.name.endswith("_bytes")
-                    else "finite number" if str(f.type) == "float" else str(f.type))
+                    else "finite number" if str(f.type) == "float"
+                    else "switch: 1, true, yes or 0, false, no" if str(f.type) == "bool" else str(f.type))
             raise ConfigError(f"FREERIDE_{f.name.upper()}={raw!r} is not a valid {what}") from None
     return out
 
@@ -248,6 +261,16 @@ def _finite(raw: str) -> float:
     if not math.isfinite(value):
         raise ValueError(raw)
     return value
+
+
+def _flag(raw: str) -> bool:
+    """A boolean env value, as systemd and Kubernetes write them; ValueError for anything else."""
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 _ENV_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": _finite, "str": str}

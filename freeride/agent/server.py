@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import fcntl
 import gc
+import grp
 import logging
 import os
 import signal
@@ -103,6 +104,22 @@ def _socket_gid(config: AgentConfig) -> int | None:
             f"--socket-group {config.socket_group}: the agent's user is not in that group; add it or run as root"
         )
     return gid
+
+
+def _access_warning(config: AgentConfig, euid: int, gid: int) -> str:
+    """One line for the start log when the socket lets others run code as root (or, allowed, as anyone)."""
+    mode = config.socket_mode_bits()
+    if mode & 0o007:
+        return (f"the socket's mode {mode:04o} lets every local user submit code that runs as "
+                f"{'root' if euid == 0 else 'the agent user'} (--allow-world-socket)")
+    if euid == 0 and mode & 0o070:
+        try:
+            group = grp.getgrgid(gid).gr_name
+        except KeyError:
+            group = str(gid)
+        return (f"the agent runs as root and its socket is open to group {group} (mode {mode:04o}): every member "
+                "can submit code that runs as root; run the agent as an unprivileged user, or --socket-mode 0600")
+    return ""
 
 
 def _new_server(interceptors: list[grpc.aio.ServerInterceptor] | None = None) -> grpc.aio.Server:
@@ -207,6 +224,9 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         os.chmod(sock, config.socket_mode_bits())
         if gid is not None:
             os.chown(sock, -1, gid)
+        warning = _access_warning(config, os.geteuid(), gid if gid is not None else os.getegid())
+        if warning:
+            log.warning("%s", warning)
         if tcp_server is not None:
             await tcp_server.start()
             log.info("listening on TCP %s; every call must carry the token from %s", config.tcp, config.token_file)

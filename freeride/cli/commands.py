@@ -70,6 +70,9 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket-mode",
                    help=f"octal permissions of the unix socket (env FREERIDE_SOCKET_MODE, default {d.socket_mode})")
     p.add_argument("--socket-group", help="group that may use the socket: submit, report (env FREERIDE_SOCKET_GROUP)")
+    p.add_argument("--allow-world-socket", action="store_true", default=None,
+                   help="accept a --socket-mode that lets every local user submit code running as the agent's user "
+                        "(refused without it; env FREERIDE_ALLOW_WORLD_SOCKET=1)")
     p.add_argument("--token-file", type=Path,
                    help="bearer token every TCP call must carry; required with --tcp (env FREERIDE_TOKEN_FILE)")
     p.add_argument("--bubble-path", choices=["auto", "grpc"],

@@ -11,6 +11,7 @@ import pytest
 from freeride.agent.auth import LogBudget
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.agent.histogram import Histogram
+from freeride.agent.server import _access_warning
 from freeride.core.auth import TokenError, read_token
 
 
@@ -37,6 +38,28 @@ def test_every_operations_flag_has_an_env_twin(tmp_path: Path) -> None:
 def test_bad_operations_settings_are_refused_with_what_to_do(change: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         AgentConfig(**change).validate()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["0666", "0662", "0601", "0777"])
+def test_a_socket_mode_open_to_other_users_is_refused_unless_explicitly_allowed(mode: str) -> None:
+    with pytest.raises(ConfigError, match=f"--socket-mode {mode} lets every local user .* --allow-world-socket"):
+        AgentConfig(socket_mode=mode).validate()
+    assert AgentConfig(socket_mode=mode, allow_world_socket=True).validate().socket_mode_bits() == int(mode, 8)
+    env = env_defaults({"FREERIDE_SOCKET_MODE": mode, "FREERIDE_ALLOW_WORLD_SOCKET": "1"})
+    assert AgentConfig(**env).validate().allow_world_socket is True  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="FREERIDE_ALLOW_WORLD_SOCKET='maybe' is not a valid switch"):
+        env_defaults({"FREERIDE_ALLOW_WORLD_SOCKET": "maybe"})
+
+
+def test_the_start_log_warns_when_root_shares_its_socket_with_a_group() -> None:
+    gid = os.getgid()
+    name = grp.getgrgid(gid).gr_name
+    shared = _access_warning(AgentConfig(), euid=0, gid=gid)
+    assert f"runs as root and its socket is open to group {name} (mode 0660)" in shared
+    assert _access_warning(AgentConfig(socket_mode="0600"), euid=0, gid=gid) == ""
+    assert _access_warning(AgentConfig(), euid=1000, gid=gid) == ""  # an unprivileged agent: the group is the design
+    world = AgentConfig(socket_mode="0666", allow_world_socket=True)
+    assert "lets every local user submit code that runs as root" in _access_warning(world, euid=0, gid=gid)
 
 
 def test_a_token_file_must_hold_one_token(tmp_path: Path) -> None:
