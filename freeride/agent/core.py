@@ -45,6 +45,7 @@ from freeride.agent.timers import TimerHandle
 from freeride.agent.trainers import TrainerStream
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
+from freeride.core.private import private_dir
 from freeride.core.stats import percentile
 from freeride.errors import InvalidStateError, TaskNotFoundError
 from freeride.gpu import MemoryProbe
@@ -122,7 +123,7 @@ class Agent:
 
     # -- start and stop --------------------------------------------------------------------------
     async def start(self) -> None:
-        self.supervisor.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.supervisor.checkpoint_dir)
         records, self.scheduler.gpu = await self.store.load()
         self.table.records.update((r.id, r) for r in records)
         self._loaded = True

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from freeride.core.private import create_private, private_dir
+
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -103,7 +105,7 @@ class _TaskFile:
         view = memoryview(data)
         while view:
             if self.fd < 0:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self.fd = create_private(self.path)
                 self.size = os.fstat(self.fd).st_size
             room = self.max_bytes - self.size
             if room <= 0:
@@ -144,7 +146,7 @@ class TaskLogs:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._run, name="freeride-task-logs", daemon=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(log_dir)
         self._thread.start()
 
     def path(self, task_id: str) -> Path:

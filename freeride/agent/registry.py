@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 from dataclasses import asdict
 from pathlib import Path
 
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.core.private import create_private
 from freeride.errors import FreerideError
 
 SCHEMA_VERSION = 1
@@ -54,6 +56,7 @@ class Registry:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
+            os.close(create_private(path, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal and -shm the file's mode
             self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")

@@ -35,6 +35,7 @@ from freeride.agent.workers import WorkerLauncher
 from freeride.core.auth import read_token
 from freeride.core.cpu import format_cpu_list, pin_threads
 from freeride.core.paths import file_kind
+from freeride.core.private import create_private, private_dir, tighten
 from freeride.gpu.control import GpuControl
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -50,7 +51,7 @@ SERVICES = (
 
 def _lock_state_dir(state_dir: Path) -> IO[str]:
     """One agent per state directory: a second one would corrupt the ledger's meaning."""
-    lock = open(state_dir / "agent.lock", "w")  # noqa: SIM115 - held for the agent's lifetime
+    lock = os.fdopen(create_private(state_dir / "agent.lock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,6 +60,17 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
     lock.write(str(os.getpid()))
     lock.flush()
     return lock
+
+
+def _private_state_dir(state_dir: Path) -> None:
+    """The state directory and all in it readable by the agent's user only (task arguments may hold a pool's
+    password); a tree left wider by an older freeride or a hand-made directory is tightened, said once."""
+    private_dir(state_dir)
+    changed = tighten(state_dir)
+    if changed:
+        modes = sorted({f"{mode:04o}" for _, mode in changed})
+        log.warning("state dir %s was open to other users (modes %s): made %d paths in it owner-only",
+                    state_dir, ", ".join(modes), len(changed))
 
 
 def _claim_socket(path: Path, gid: int | None = None) -> None:
@@ -156,7 +168,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     later step of the start fails."""
     token = read_token(config.token_file) if config.tcp and config.token_file is not None else None
     gid = _socket_gid(config)
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    _private_state_dir(config.state_dir)
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_lock_state_dir(config.state_dir))

@@ -26,6 +26,7 @@ from freeride.agent.background import Background
 from freeride.agent.cgroups import CgroupTree
 from freeride.agent.logs import TaskLogs, log_path, rotated
 from freeride.core.cpu import Placement
+from freeride.core.private import create_private, private_dir
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class WorkerLauncher:
         env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         """Start a worker; `env` (its GPU client settings) replaces the launcher's environment when given."""
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self._log_dir)
         path = log_path(self._log_dir, task_id)
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
@@ -131,8 +132,7 @@ class WorkerLauncher:
         group = self._cgroups.group(f"task-{task_id}-{instance}-{os.getpid()}") if self._cgroups else None
         if group is not None and self._cgroups is not None:
             argv = self._cgroups.argv(group, argv)  # in its group before its first instruction
-        read_fd, out = self._logs.pipe(task_id) if self._logs is not None else (-1, os.open(
-            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        read_fd, out = self._logs.pipe(task_id) if self._logs is not None else (-1, create_private(path))
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
+from freeride.core.private import create_private, private_dir
+
 _LAYOUT = struct.Struct("<QQqQ")  # seq, window_id, until_ns, open
 _SEQ = struct.Struct("<Q")
 SIZE = 64
@@ -32,8 +34,8 @@ class WindowWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
+        private_dir(path.parent)
+        with os.fdopen(create_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             f.write(b"\0" * SIZE)
         self._f = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
         self._mm = mmap.mmap(self._f.fileno(), SIZE)

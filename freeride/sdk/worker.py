@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 import grpc
 
 from freeride.core.cpu import Placement
+from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
@@ -521,7 +522,7 @@ class Worker:
         }
         tmp = path.with_suffix(path.suffix + ".tmp")
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(create_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
                 pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
                 f.flush()
                 os.fsync(f.fileno())
@@ -570,7 +571,7 @@ def _write_own_log(environ: dict[str, str] | None = None) -> bool:
     if not path:
         return False
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = create_private(Path(path))
     except OSError:
         return False
     try:

@@ -4,14 +4,16 @@ another user is told when the socket keeps them out. Real `freeride agent` proce
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST
+from conftest import FAST, bubbles, drive, spec
 
-from freeride.tooling.harness import AgentProcess
+from freeride.tooling.harness import AgentProcess, wait_for_info, wait_for_task
+from freeride.v1 import tasks_pb2 as S
 
 
 def _freeride(*args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
@@ -34,3 +36,32 @@ def test_an_agent_running_as_root_warns_once_that_its_group_may_run_code_as_root
     with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--fake-gpu"]) as agent:
         warnings = [line for line in agent.log_tail(100).splitlines() if "runs as root" in line]
     assert len(warnings) == 1 and "WARNING" in warnings[0] and "open to group" in warnings[0], warnings
+
+
+def test_the_state_dir_and_every_file_in_it_are_owner_only_and_a_wider_one_is_tightened(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True, mode=0o755)  # as an older freeride left it
+    os.chmod(state, 0o755)
+    (state / "logs" / "task-9.log").write_text("old output\n")
+    os.chmod(state / "logs" / "task-9.log", 0o644)
+    old = os.umask(0o022)  # the agent's files would be 0644 and its directories 0755 under this umask
+    try:
+        with AgentProcess(state_dir=state, extra_args=[*FAST, "--fake-gpu"]) as agent, agent.client() as c:
+            task = c.submit(spec("Says"))  # prints a line: its log file is created
+            wait_for_task(c, task.id, [S.TASK_STATE_READY])
+            drive(agent, bubbles(4, [20.0]))
+            c.pause(task.id)
+            assert wait_for_info(c, task.id, lambda i: i.pid == 0).checkpoint_steps > 0
+            log = agent.log_tail(200)
+            modes = {p.relative_to(state).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in state.rglob("*")}
+    finally:
+        os.umask(old)
+    for name in ("freeride.db", "freeride.db-wal", "freeride.db-shm", "agent.lock", f"logs/task-{task.id}.log",
+                 f"checkpoints/task-{task.id}.ckpt", "logs/task-9.log"):
+        assert modes.pop(name) == 0o600, name
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes  # the run/ window files, the directories
+    assert {modes["logs"], modes["checkpoints"]} == {0o700}
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert (state / "logs" / "task-9.log").read_text() == "old output\n"  # tightened, never removed
+    tightened = [line for line in log.splitlines() if "was open to other users" in line]
+    assert len(tightened) == 1 and "0644, 0755" in tightened[0], tightened

@@ -200,3 +200,20 @@ class Picky(Counter):
             raise RuntimeError("unlucky\nsize")
         if size <= 0:
             raise ValueError(f"size must be positive, got {size}")
+
+
+class Says(Counter):
+    """Prints `text` in setup, then counts; with `fail`, its first step raises RuntimeError(text)."""
+
+    def __init__(self, text: str = "hello", fail: int = 0) -> None:
+        super().__init__()
+        self.text = text
+        self.fail = fail
+
+    def setup(self) -> None:
+        print(self.text, flush=True)
+
+    def step(self) -> None:
+        if self.fail:
+            raise RuntimeError(self.text)
+        super().step()
