@@ -30,6 +30,7 @@ from freeride.agent.events import (
 from freeride.agent.model import Counters, TaskSpec, TaskState
 from freeride.agent.retention import Removal
 from freeride.agent.views import GpuMemory, History, Stats
+from freeride.core.secrets import mask
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 # protobuf enum values are ints at run time; the generated stubs type them as their enum class.
@@ -61,10 +62,12 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
 
 
 def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
+    """The spec as callers see it: a password in an argument (a pool's redis://:PASSWORD@…) reads *** in every
+    answer, table and JSON; only the task's worker gets it (setup_to_pb)."""
     return tasks_pb2.TaskSpec(
         name=spec.name,
         ref=spec.ref,
-        args=spec.args,
+        args={key: mask(value) for key, value in spec.args.items()},
         priority=spec.priority,
         mem_limit_bytes=spec.mem_limit_bytes,
         max_restarts=spec.max_restarts if spec.max_restarts >= 0 else None,

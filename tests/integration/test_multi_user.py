@@ -65,3 +65,20 @@ def test_the_state_dir_and_every_file_in_it_are_owner_only_and_a_wider_one_is_ti
     assert (state / "logs" / "task-9.log").read_text() == "old output\n"  # tightened, never removed
     tightened = [line for line in log.splitlines() if "was open to other users" in line]
     assert len(tightened) == 1 and "0644, 0755" in tightened[0], tightened
+
+
+def test_a_password_in_a_task_argument_is_never_printed_and_only_the_task_gets_it(tmp_path: Path) -> None:
+    url = "redis://:hunter2-s3cret@localhost:6379/0/pool"
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--fake-gpu"]) as agent, agent.client() as c:
+        task = c.submit(spec("Says", text=url))
+        wait_for_task(c, task.id, [S.TASK_STATE_READY])
+        outputs = [task.spec.args["text"], c.get(task.id).spec.args["text"], c.list()[0].spec.args["text"]]
+        for command in (["ls"], ["ls", "--json"], ["show", task.id], ["show", task.id, "--json"]):
+            done = _freeride(*command, "--agent", agent.target)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout)
+        log = agent.log_tail(200)
+    assert all("hunter2" not in out for out in [*outputs, log]), outputs
+    masked = "redis://:***@localhost:6379/0/pool"
+    assert outputs[:3] == [masked] * 3 and all(masked in out for out in outputs[4:])  # (the ls table has no args)
+    assert url in (agent.state_dir / "logs" / f"task-{task.id}.log").read_text()  # the task itself got it
