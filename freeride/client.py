@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freeride.core.auth import token_interceptor
-from freeride.core.paths import agent_target
+from freeride.core.paths import agent_target, socket_access_problem
 from freeride.errors import AgentUnavailableError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc
 
@@ -68,7 +68,8 @@ class Client:
             grpc.channel_ready_future(self._raw_channel).result(timeout=timeout_s)
             reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except (grpc.FutureTimeoutError, grpc.RpcError):
-            raise AgentUnavailableError(f"no agent answers at {self.target}") from None
+            raise AgentUnavailableError(socket_access_problem(self.target)
+                                        or f"no agent answers at {self.target}") from None
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             raise AgentUnavailableError(f"the agent at {self.target} is not serving")
 

@@ -17,7 +17,7 @@ import grpc
 from freeride.cli.common import UsageError
 from freeride.client import AgentClient
 from freeride.core.auth import token_from
-from freeride.core.paths import agent_target, default_runtime_dir, file_kind
+from freeride.core.paths import agent_target, default_runtime_dir, file_kind, socket_access_problem
 
 T = TypeVar("T")
 _NUMBER = re.compile(r"(\d+)")
@@ -126,7 +126,8 @@ def each(ns: argparse.Namespace, agents: AgentSet, call: Callable[[AgentClient],
             except grpc.RpcError as exc:
                 if not (agents.multi and _unreachable(exc)):
                     raise
-                print(f"freeride: warning: no agent answers at {target}; skipped", file=sys.stderr)
+                why = socket_access_problem(target) or f"no agent answers at {target}"
+                print(f"freeride: warning: {why}; skipped", file=sys.stderr)
                 continue
         answered += 1
         yield target, result

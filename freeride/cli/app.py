@@ -22,6 +22,7 @@ from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
 from freeride.cli.common import seconds, whole
+from freeride.core.paths import socket_access_problem
 from freeride.errors import FreerideError
 
 _AGENT_HINT = "start one with `freeride agent --gpu N --state-dir DIR` (or pass --agent ADDRESS)"
@@ -147,7 +148,9 @@ def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> in
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not getattr(
             exc, "details", lambda: ""
         )().startswith("the agent"):
-            return _fail(f"no agent answers at {getattr(ns, 'target', 'the agent address')}: {_AGENT_HINT}")
+            target = getattr(ns, "target", "")
+            denied = socket_access_problem(target) if target else ""
+            return _fail(denied or f"no agent answers at {target or 'the agent address'}: {_AGENT_HINT}")
         return _fail(exc.details() if hasattr(exc, "details") else str(exc))
     except BrokenPipeError:
         raise  # not an error to report: main() ends quietly

@@ -16,6 +16,7 @@ import grpc
 
 from freeride.cli import _agents
 from freeride.cli.common import console, message_dict, print_json, table
+from freeride.core.paths import socket_access_problem
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
 
@@ -128,7 +129,8 @@ def _submit_one(ns: argparse.Namespace, target: str, spec: tasks_pb2.TaskSpec) -
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return "no agent answers there: start it with `freeride agent` or leave it out"
+            return (socket_access_problem(target)
+                    or "no agent answers there: start it with `freeride agent` or leave it out")
         return str(exc.details()) if hasattr(exc, "details") else str(exc)
 
 

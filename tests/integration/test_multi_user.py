@@ -4,6 +4,7 @@ another user is told when the socket keeps them out. Real `freeride agent` proce
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -82,3 +83,19 @@ def test_a_password_in_a_task_argument_is_never_printed_and_only_the_task_gets_i
     masked = "redis://:***@localhost:6379/0/pool"
     assert outputs[:3] == [masked] * 3 and all(masked in out for out in outputs[4:])  # (the ls table has no args)
     assert url in (agent.state_dir / "logs" / f"task-{task.id}.log").read_text()  # the task itself got it
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to run the CLI as another user")
+def test_another_user_kept_out_by_the_socket_group_is_told_so_not_that_no_agent_answers(tmp_path: Path) -> None:
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--fake-gpu"]) as agent:
+        # nobody, with the right to read and search any file (to load Python from root's home), not to write
+        # one: connecting to the 0660 root:root socket needs write permission, so the kernel says EACCES.
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+dac_read_search",
+                     "--ambient-caps=+dac_read_search", sys.executable, "-m", "freeride"]
+        done = subprocess.run([*as_nobody, "ls", "--agent", agent.target], capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == (
+        f"freeride: error: permission denied: not in group root of socket {agent.socket} (mode 0660); "
+        "ask the agent's operator to add you to root, then log in again"), done.stderr
