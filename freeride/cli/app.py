@@ -21,7 +21,7 @@ from freeride.cli import _agents, commands, manage
 from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
-from freeride.cli.common import seconds, whole
+from freeride.cli.common import printable, seconds, whole
 from freeride.core.paths import socket_access_problem
 from freeride.errors import FreerideError
 
@@ -134,7 +134,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"freeride: error: {message}", file=sys.stderr)
+    print(f"freeride: error: {printable(message)}", file=sys.stderr)
     return 2
 
 

@@ -16,7 +16,17 @@ from grpc_health.v1 import health_pb2
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
 from freeride.cli import _agents, multi
-from freeride.cli.common import UsageError, absolute_ref, console, message_dict, number, print_json, table, whole
+from freeride.cli.common import (
+    UsageError,
+    absolute_ref,
+    console,
+    message_dict,
+    number,
+    print_json,
+    printable,
+    table,
+    whole,
+)
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.secrets import mask
@@ -137,6 +147,15 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+class _LineFormatter(logging.Formatter):
+    """One event, one line: a task's name or exception message cannot start a forged line or drive the terminal
+    (its control characters are escaped; a traceback keeps its own lines). JSON lines escape them anyway."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def agent_config(ns: argparse.Namespace) -> AgentConfig:
     values = env_defaults(os.environ)
     for name in AgentConfig.__dataclass_fields__:
@@ -157,7 +176,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
     if config.log_format == "json":
         handler.setFormatter(_JsonFormatter(config.gpu))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=ns.log_level.upper(), handlers=[handler], force=True)
     return asyncio.run(serve(config))
 
@@ -215,7 +234,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         return multi.cmd_submit(ns, agents, spec)
     with one_client(ns) as c:
         info = c.submit(spec)
-    print(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
+    print(printable(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}"))
     return 0
 
 

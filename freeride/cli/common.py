@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -160,11 +161,28 @@ def console() -> Console:
     return _Console(width=PIPED_WIDTH if piped else None, markup=False, highlight=False)
 
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Characters that move the cursor, recolour or rewrite a terminal, or start a new line in a log: C0 and C1
+# controls, DEL, the Unicode line and paragraph separators and the bidirectional overrides.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal and a one-line log: each control character shown escaped (`\\x1b`, `\\n`).
+    A task's name, arguments and failure reason come from whoever submitted it or from its exception."""
+    return _UNPRINTABLE.sub(lambda m: _NAMED_ESCAPES.get(m.group(), repr(m.group())[1:-1]), text)
+
+
 def table(title: str | None, *columns: str, **options: Any) -> Table:
-    """A rich table with these columns (rich imported here, on first use)."""
+    """A rich table with these columns (rich imported here, on first use); every text cell goes through
+    `printable`."""
     from rich.table import Table
 
-    out = Table(title=title, **options)
+    class _Table(Table):
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*(printable(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+    out = _Table(title=printable(title) if title else title, **options)
     for col in columns:
         out.add_column(col)
     return out

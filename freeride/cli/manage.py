@@ -17,7 +17,7 @@ import grpc
 
 from freeride.agent.model import TaskState
 from freeride.cli import _agents
-from freeride.cli.common import UsageError, message_dict, print_json
+from freeride.cli.common import UsageError, message_dict, print_json, printable
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.units import format_duration, format_size, parse_duration
@@ -95,7 +95,7 @@ def cmd_task_actions(ns: argparse.Namespace) -> int:
         elif not ns.json:
             info = result["info"]
             where = f"agent {result['agent']}: " if multi else ""
-            print(f"{where}task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}")
+            print(printable(f"{where}task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}"))
     if not jobs and not ns.json:
         print(f"no {_BULK_WORDS[ns.action]} tasks to {ns.action}")
     if ns.json:
@@ -163,8 +163,8 @@ def cmd_rm(ns: argparse.Namespace) -> int:
                                  "removed": message_dict(removed) if removed is not None else None, "error": error}
         if removed is not None and not ns.json:
             t = removed.task
-            print(f"removed task {t.id} ({t.spec.name}, {STATE_NAMES[t.state]}): "
-                  f"{_files(removed.files_removed, removed.bytes_freed)}")
+            print(printable(f"removed task {t.id} ({t.spec.name}, {STATE_NAMES[t.state]}): "
+                            f"{_files(removed.files_removed, removed.bytes_freed)}"))
         if entry["error"] is not None:
             refused = True
             print(f"freeride: error: {entry['error']}", file=sys.stderr)

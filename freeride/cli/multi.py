@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from freeride.cli import _agents
-from freeride.cli.common import console, message_dict, print_json, table
+from freeride.cli.common import console, message_dict, print_json, printable, table
 from freeride.core.paths import socket_access_problem
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
@@ -141,9 +141,10 @@ def cmd_submit(ns: argparse.Namespace, agents: _agents.AgentSet, spec: tasks_pb2
         results = list(pool.map(lambda t: (t, _submit_one(ns, t, spec)), agents.targets))
     for target, result in results:
         if isinstance(result, str):
-            print(f"freeride: error: agent {target}: {result}", file=sys.stderr)
+            print(printable(f"freeride: error: agent {target}: {result}"), file=sys.stderr)
         elif not ns.json:
-            print(f"agent {target}: submitted task {result.id} ({result.spec.name}): {STATE_NAMES[result.state]}")
+            print(printable(f"agent {target}: submitted task {result.id} ({result.spec.name}): "
+                            f"{STATE_NAMES[result.state]}"))
     if ns.json:
         print_json([{"agent": target, "task": None if isinstance(result, str) else message_dict(result),
                      "error": result if isinstance(result, str) else None} for target, result in results])

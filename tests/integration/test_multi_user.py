@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, bubbles, drive, spec
+from conftest import FAST, bubbles, drive, spec, task_ref
 
 from freeride.tooling.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2 as S
 
 
-def _freeride(*args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
+def _freeride(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "freeride", *args], capture_output=True, text=True, timeout=60,
-                          user=user, group=user, extra_groups=[] if user is not None else None)
+                          env={**os.environ, "COLUMNS": "1000"})  # whole table rows
 
 
 def test_a_world_open_socket_mode_stops_the_agent_with_one_line(tmp_path: Path) -> None:
@@ -99,3 +99,32 @@ def test_another_user_kept_out_by_the_socket_group_is_told_so_not_that_no_agent_
     assert done.stderr.strip() == (
         f"freeride: error: permission denied: not in group root of socket {agent.socket} (mode 0660); "
         "ask the agent's operator to add you to root, then log in again"), done.stderr
+
+
+def test_terminal_escapes_and_newlines_in_names_and_exceptions_are_shown_escaped_and_never_forge_a_log_line(
+    tmp_path: Path,
+) -> None:
+    name = "evil\x1b[2J\nFORGED name"
+    text = "boom\x1b]0;pwned\x07\nINFO freeride.agent: forged line"
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--fake-gpu"]) as agent, agent.client() as c:
+        submitted = _freeride("submit", task_ref("Says"), f"text={text}", "fail=1", "--name", name,
+                              "--max-restarts", "0", "--agent", agent.target)
+        assert submitted.returncode == 0, submitted.stderr
+        task_id = c.list()[0].id
+        wait_for_task(c, task_id, [S.TASK_STATE_READY])
+        drive(agent, bubbles(3, [20.0]))
+        failed = wait_for_task(c, task_id, [S.TASK_STATE_FAILED])
+        assert failed.spec.name == name and text in failed.reason  # the API keeps them as given
+        outputs = [submitted.stdout]
+        for command in (["ls"], ["show", task_id]):
+            done = _freeride(*command, "--agent", agent.target)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout)
+        log = agent.log_tail(200)
+    for out in [*outputs, log]:
+        assert "\x1b" not in out and "\x07" not in out, out
+        assert not any(line.startswith(("FORGED", "INFO freeride.agent: forged")) for line in out.splitlines()), out
+    assert outputs[0].startswith(f"submitted task {task_id} (evil\\x1b[2J\\nFORGED name): ")
+    assert outputs[0].count("\n") == 1 and all("evil\\x1b[2J\\nFORGED" in out for out in outputs[1:]), outputs
+    assert "boom\\x1b]0;pwned\\x07\\nINFO freeride.agent: forged line" in outputs[2]  # show's reason
+    assert "boom\\x1b]0;pwned\\x07\\nINFO freeride.agent: forged line" in log
