@@ -31,6 +31,7 @@ from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
 from freeride.sdk._loader import bind_args, load_class
+from freeride.sdk._progress import BoundedProgress
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
@@ -419,7 +420,8 @@ class Worker:
             gpu=_gpu_index(os.environ.get("FREERIDE_GPU", "")),  # the agent's --gpu
             _runtime=self.gate,
         )
-        self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
+        bounded = BoundedProgress()  # never a message gRPC refuses (the stream would close: a silent death)
+        self.gate.progress = lambda: bounded(task.progress())
         if isinstance(task, IterativeTask):
             self.gate.declared_step_s = task.min_step_s
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
