@@ -54,6 +54,7 @@ class TaskSlot:
     hang_timer: TimerHandle | None = None
     unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
+    checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
 
 
 @dataclass(slots=True)  # made per grant, on the path to it: no instance dict
@@ -220,7 +221,7 @@ class Scheduler:
     def _candidates(self) -> list[Candidate]:
         return [
             Candidate(t.task_id, t.priority, self.usage.score(t.task_id), t.step_estimate_ns, t.window_id == 0)
-            for t in self.tasks.values() if not t.stopping
+            for t in self.tasks.values() if not (t.stopping or t.checkpointing)
         ]
 
     def _dispatch(self, w: Window) -> None:
@@ -270,7 +271,8 @@ class Scheduler:
             if w.holder:
                 task = self.tasks[w.holder]
                 task.port.revoke(w.id, w.until_ns)
-                self._arm_hang_timer(task)
+                if not task.checkpointing:  # a checkpoint is no step: its own deadline bounds it
+                    self._arm_hang_timer(task)
         self._maybe_account(w)
 
     def _arm_hang_timer(self, task: TaskSlot) -> None:
@@ -306,6 +308,30 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None:
             task.stopping = True
+
+    def checkpointing(self, task_id: str, active: bool) -> None:
+        """The task's worker began (or ended) a checkpoint: no step, so no new window and no hang timer meanwhile.
+
+        It says so only while it holds no window, so a window it holds now was granted after its WindowDone
+        and before this message, unseen: it stays held (the worker answers it once the checkpoint ends, as
+        revoked if the bubble is over by then), with no hang timer until then. The supervisor bounds the
+        checkpoint itself by --checkpoint-timeout-s.
+        """
+        task = self.tasks.get(task_id)
+        if task is None or task.checkpointing == active:
+            return
+        task.checkpointing = active
+        if active:
+            if task.hang_timer is not None:
+                task.hang_timer.cancel()
+                task.hang_timer = None
+            return
+        w = self._windows.get(task.window_id)
+        if w is not None and w.holder == task_id and not w.open and task.hang_timer is None:
+            self._arm_hang_timer(task)  # from now on it answers as any idle worker does
+        current = self._current
+        if current is not None and current.open and not current.holder:
+            self._dispatch(current)
 
     def remove_task(self, task_id: str) -> None:
         """The task's worker is gone: release whatever window it held."""

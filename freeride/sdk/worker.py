@@ -296,8 +296,18 @@ class _Gate:
         )
         self._last_wid, self._wid = self._wid, 0
         self._saw_ns = 0
-        if reason != pb.WINDOW_END_REASON_STOPPING:
+        if reason not in (pb.WINDOW_END_REASON_STOPPING, pb.WINDOW_END_REASON_CHECKPOINT):
             self._on_idle(force=False)
+
+    def give_back_unseen(self) -> None:
+        """Before a checkpoint (idle, holding no window): give back a grant written since this worker last looked,
+        or the agent would hold it busy through a checkpoint that answers no window."""
+        if self._wid or self.window is None:
+            return
+        word = self.window.read()
+        if word.window_id > self._last_wid:
+            self._wid = word.window_id
+            self.close(pb.WINDOW_END_REASON_CHECKPOINT)
 
     def _flush_steps(self) -> None:
         now = time.monotonic()
@@ -504,8 +514,21 @@ class Worker:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
+        """Take and write a checkpoint, telling the agent when it begins and ends: it is no step, whoever asked
+        for it (the interval, the task's end, pause, cancel, shutdown), so the agent grants no window and arms
+        no hang timer meanwhile; --checkpoint-timeout-s bounds it."""
         assert self.task is not None
         self._ckpt_at = time.monotonic()
+        self.gate.give_back_unseen()
+        self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=True)))
+        try:
+            self._write_checkpoint()
+        finally:
+            self._ckpt_at = time.monotonic()  # the interval runs between checkpoints, not from one's start
+            self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=False)))
+
+    def _write_checkpoint(self) -> None:
+        assert self.task is not None
         try:
             state = self.task.state_dict()
         except Exception as exc:
