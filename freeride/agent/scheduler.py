@@ -53,6 +53,7 @@ class TaskSlot:
     window_id: int = 0  # the window this task holds, 0 when idle
     hang_timer: TimerHandle | None = None
     unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
+    fits_none: bool = False  # told (on_fit) that its estimate fits no bubble seen; cleared when one fits
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
     checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
 
@@ -114,12 +115,17 @@ class Scheduler:
         config: SchedulerConfig,
         on_account: Callable[[WindowRecord, dict[str, Counters], Counters], None],
         on_hang: Callable[[str, int], None],
+        on_fit: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self._clock = clock
         self._call_at = call_at
         self._cfg = config
         self._on_account = on_account
         self._on_hang = on_hang
+        # (task id, its step estimate, the longest bubble seen) when its steps fit no bubble; (task id, 0, 0) when
+        # it is granted a window it fits again
+        self._on_fit = on_fit or (lambda task_id, estimate_ns, longest_ns: None)
+        self.longest_bubble_ns = 0  # the longest bubble seen since the agent started
         self.margin = MarginController(config.margin_ns)
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
@@ -203,6 +209,7 @@ class Scheduler:
             if bubble.predicted_ns is not None and length >= _MIN_ERROR_BUBBLE_NS:
                 self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
             self._predictor(ev.rank, ev.slot).observe(length)
+            self.longest_bubble_ns = max(self.longest_bubble_ns, length)
             bubble.end_ns = ev.time_ns
             self.bubble_history.append(bubble)
         if bubble.window is not None:
@@ -236,6 +243,9 @@ class Scheduler:
         if pick is None:
             return
         task = self.tasks[pick.task_id]
+        if task.fits_none and pick is not starved:  # a window it fits (a probe is not one: it may not step)
+            task.fits_none = False
+            self._on_fit(task.task_id, 0, 0)
         task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
         w.shares.append(_Share(task.task_id, granted_ns=self._clock()))
         task.unfit = 0
@@ -255,6 +265,10 @@ class Scheduler:
             if c.idle and unfit and c.task_id not in tried:
                 slot = self.tasks[c.task_id]
                 slot.unfit += 1
+                estimate_ns = c.step_estimate_ns or 0
+                if slot.unfit >= _PROBE_AFTER and not slot.fits_none and estimate_ns > self.longest_bubble_ns:
+                    slot.fits_none = True  # said once, until a window it fits
+                    self._on_fit(c.task_id, estimate_ns, self.longest_bubble_ns)
                 if probe is None and slot.unfit >= _PROBE_AFTER:
                     probe = c
         return probe

@@ -37,6 +37,7 @@ from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
 from freeride.agent.timers import CallLater, TimerHandle
 from freeride.agent.workers import describe_exit, last_log_line
+from freeride.core.units import format_seconds
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
@@ -44,6 +45,7 @@ log = logging.getLogger("freeride.agent")
 _CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
 _WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
 _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
+_FITS_NONE = "waiting: its steps"  # the reason of a task whose steps fit no bubble seen
 
 
 class Launcher(Protocol):
@@ -307,6 +309,21 @@ class Supervisor:
             return False
         rt.outbox.put_nowait(control)
         return True
+
+    def fit(self, task_id: str, estimate_ns: int, longest_ns: int) -> None:
+        """The scheduler found the task's steps too long for every bubble seen (estimate_ns > 0), or granted it a
+        window it fits again (0): say so in its reason, or clear what was said."""
+        rec = self._table.records.get(task_id)
+        if rec is None or rec.state is not TaskState.READY:
+            return
+        if estimate_ns:
+            why = (f"{_FITS_NONE} (p95 {format_seconds(estimate_ns / 1e9)}) do not fit any bubble "
+                   f"(longest {format_seconds(longest_ns / 1e9)})")
+            log.info("task %s %s", task_id, why)
+            self._table.set_reason(rec, why)
+        elif rec.reason.startswith(_FITS_NONE):
+            log.info("task %s: its steps fit a bubble again", task_id)
+            self._table.set_reason(rec, "")
 
     def hang(self, task_id: str, window_id: int) -> None:
         worker = self._table.worker(task_id)
