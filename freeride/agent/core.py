@@ -84,6 +84,7 @@ class Agent:
             ),
             on_account=self._on_account,
             on_hang=lambda task_id, window_id: self.supervisor.hang(task_id, window_id),
+            on_fit=lambda task_id, estimate_ns, longest_ns: self.supervisor.fit(task_id, estimate_ns, longest_ns),
         )
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
                            lambda: dataclasses.replace(self.scheduler.gpu))
