@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from freeride.core.cpu import Placement
+from freeride.core.cpu import apply_from_env
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
@@ -676,14 +676,10 @@ def limit_torch_memory(cap_bytes: int, device: str, before_setup: bool) -> None:
 
 def _apply_placement() -> bool:
     """The CPU placement the agent chose (--worker-nice/-cpus/-sched), applied before the task starts anything."""
-    try:
-        placement = Placement.from_env(os.environ)
-        if placement is not None:
-            placement.apply()
-    except (ValueError, OSError) as exc:
-        log.error("cannot run at the CPU placement the agent chose: %s", exc)
-        return False
-    return True
+    problem = apply_from_env(os.environ)
+    if problem:
+        log.error("cannot run at the CPU placement the agent chose: %s", problem)
+    return not problem
 
 
 def main(argv: list[str] | None = None) -> int:
