@@ -37,6 +37,7 @@ class AgentConfig:
     shutdown_grace_s: float = 10.0
     # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
     # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
+    # Any other checkpoint (the interval's, the task's last) must end this long after it began.
     checkpoint_timeout_s: float = 300.0
     memory_check_s: float = 0.25  # how often worker memory is checked against its cap
     log_format: str = "text"

@@ -12,6 +12,7 @@ from freeride.agent.events import (
     AgentEvent,
     BubbleSpan,
     Checkpointed,
+    Checkpointing,
     Control,
     Edge,
     Failed,
@@ -151,6 +152,8 @@ def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | Non
         return Failed(msg.failed.reason, msg.failed.retryable)
     if which == "waiting":
         return Waiting(msg.waiting.reason, msg.waiting.waiting)
+    if which == "checkpointing":
+        return Checkpointing(msg.checkpointing.active)
     return None
 
 

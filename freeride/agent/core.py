@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from freeride.agent.config import AgentConfig
 from freeride.agent.events import (
@@ -64,7 +64,9 @@ class Agent:
         memory: MemoryProbe | None = None,
         gpu: GpuControl | None = None,
         logs: TaskLogs | None = None,
+        check_env: Mapping[str, str] | None = None,
     ) -> None:
+        """`check_env`: the workers' placement (Placement.to_env()), which each submit's reference check takes too."""
         self.config = config
         self.task_logs = logs  # the workers' output (None: the Logs call is refused)
         self.clock = clock  # CLOCK_MONOTONIC in ns: the clock trainers stamp bubble edges with
@@ -85,11 +87,13 @@ class Agent:
             ),
             on_account=self._on_account,
             on_hang=lambda task_id, window_id: self.supervisor.hang(task_id, window_id),
+            on_fit=lambda task_id, estimate_ns, longest_ns: self.supervisor.fit(task_id, estimate_ns, longest_ns),
         )
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
                            lambda: dataclasses.replace(self.scheduler.gpu))
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
-        self.checks = RefChecks(config.check_timeout_s)  # the submits' reference checks, killed at shutdown
+        # the submits' reference checks, at the workers' placement, killed at shutdown
+        self.checks = RefChecks(config.check_timeout_s, placement_env=check_env)
         self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later)
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None

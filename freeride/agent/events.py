@@ -77,7 +77,13 @@ class Waiting(NamedTuple):
     waiting: bool
 
 
-WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | Waiting
+class Checkpointing(NamedTuple):
+    """The worker began (active=True) or ended (False) a checkpoint, whoever asked for it: no step, no window."""
+
+    active: bool
+
+
+WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | Waiting | Checkpointing
 
 
 # -- to workers ------------------------------------------------------------------------------------

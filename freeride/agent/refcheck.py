@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from freeride.agent.model import TaskSpec
@@ -30,8 +31,12 @@ _PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may 
 
 
 class RefChecks:
-    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS, queue_wait_s: float = QUEUE_WAIT_S) -> None:
+    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS, queue_wait_s: float = QUEUE_WAIT_S,
+                 placement_env: Mapping[str, str] | None = None) -> None:
+        """`placement_env`: the workers' CPU placement (Placement.to_env()), which each check applies to itself
+        before it imports the task: checking a submit costs training no more than a worker does."""
         self.timeout_s = timeout_s
+        self._env = {**os.environ, **placement_env} if placement_env else None
         self._queue_wait_s = queue_wait_s
         self._slots = asyncio.Semaphore(parallel)
         self._running: set[int] = set()  # process group ids of the checks running now
@@ -64,7 +69,7 @@ class RefChecks:
             sys.executable, "-m", "freeride.sdk.check", "--parent", str(os.getpid()), spec.ref,
             "-",  # the arguments on stdin, not on a command line every user of the host can read
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            process_group=0,
+            process_group=0, env=self._env,
         )
         self._running.add(proc.pid)
         io = asyncio.ensure_future(proc.communicate(json.dumps(spec.args).encode()))

@@ -53,7 +53,9 @@ class TaskSlot:
     window_id: int = 0  # the window this task holds, 0 when idle
     hang_timer: TimerHandle | None = None
     unfit: int = 0  # dispatches it sat out since its last window because its estimate did not fit
+    fits_none: bool = False  # told (on_fit) that its estimate fits no bubble seen; cleared when one fits
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
+    checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
 
 
 @dataclass(slots=True)  # made per grant, on the path to it: no instance dict
@@ -113,12 +115,17 @@ class Scheduler:
         config: SchedulerConfig,
         on_account: Callable[[WindowRecord, dict[str, Counters], Counters], None],
         on_hang: Callable[[str, int], None],
+        on_fit: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self._clock = clock
         self._call_at = call_at
         self._cfg = config
         self._on_account = on_account
         self._on_hang = on_hang
+        # (task id, its step estimate, the longest bubble seen) when its steps fit no bubble; (task id, 0, 0) when
+        # it is granted a window it fits again
+        self._on_fit = on_fit or (lambda task_id, estimate_ns, longest_ns: None)
+        self.longest_bubble_ns = 0  # the longest bubble seen since the agent started
         self.margin = MarginController(config.margin_ns)
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
@@ -202,6 +209,7 @@ class Scheduler:
             if bubble.predicted_ns is not None and length >= _MIN_ERROR_BUBBLE_NS:
                 self.prediction_errors.append(abs(bubble.predicted_ns - length) / length)
             self._predictor(ev.rank, ev.slot).observe(length)
+            self.longest_bubble_ns = max(self.longest_bubble_ns, length)
             bubble.end_ns = ev.time_ns
             self.bubble_history.append(bubble)
         if bubble.window is not None:
@@ -220,7 +228,7 @@ class Scheduler:
     def _candidates(self) -> list[Candidate]:
         return [
             Candidate(t.task_id, t.priority, self.usage.score(t.task_id), t.step_estimate_ns, t.window_id == 0)
-            for t in self.tasks.values() if not t.stopping
+            for t in self.tasks.values() if not (t.stopping or t.checkpointing)
         ]
 
     def _dispatch(self, w: Window) -> None:
@@ -235,6 +243,9 @@ class Scheduler:
         if pick is None:
             return
         task = self.tasks[pick.task_id]
+        if task.fits_none and pick is not starved:  # a window it fits (a probe is not one: it may not step)
+            task.fits_none = False
+            self._on_fit(task.task_id, 0, 0)
         task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
         w.shares.append(_Share(task.task_id, granted_ns=self._clock()))
         task.unfit = 0
@@ -254,6 +265,10 @@ class Scheduler:
             if c.idle and unfit and c.task_id not in tried:
                 slot = self.tasks[c.task_id]
                 slot.unfit += 1
+                estimate_ns = c.step_estimate_ns or 0
+                if slot.unfit >= _PROBE_AFTER and not slot.fits_none and estimate_ns > self.longest_bubble_ns:
+                    slot.fits_none = True  # said once, until a window it fits
+                    self._on_fit(c.task_id, estimate_ns, self.longest_bubble_ns)
                 if probe is None and slot.unfit >= _PROBE_AFTER:
                     probe = c
         return probe
@@ -270,7 +285,8 @@ class Scheduler:
             if w.holder:
                 task = self.tasks[w.holder]
                 task.port.revoke(w.id, w.until_ns)
-                self._arm_hang_timer(task)
+                if not task.checkpointing:  # a checkpoint is no step: its own deadline bounds it
+                    self._arm_hang_timer(task)
         self._maybe_account(w)
 
     def _arm_hang_timer(self, task: TaskSlot) -> None:
@@ -306,6 +322,30 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None:
             task.stopping = True
+
+    def checkpointing(self, task_id: str, active: bool) -> None:
+        """The task's worker began (or ended) a checkpoint: no step, so no new window and no hang timer meanwhile.
+
+        It says so only while it holds no window, so a window it holds now was granted after its WindowDone
+        and before this message, unseen: it stays held (the worker answers it once the checkpoint ends, as
+        revoked if the bubble is over by then), with no hang timer until then. The supervisor bounds the
+        checkpoint itself by --checkpoint-timeout-s.
+        """
+        task = self.tasks.get(task_id)
+        if task is None or task.checkpointing == active:
+            return
+        task.checkpointing = active
+        if active:
+            if task.hang_timer is not None:
+                task.hang_timer.cancel()
+                task.hang_timer = None
+            return
+        w = self._windows.get(task.window_id)
+        if w is not None and w.holder == task_id and not w.open and task.hang_timer is None:
+            self._arm_hang_timer(task)  # from now on it answers as any idle worker does
+        current = self._current
+        if current is not None and current.open and not current.holder:
+            self._dispatch(current)
 
     def remove_task(self, task_id: str) -> None:
         """The task's worker is gone: release whatever window it held."""

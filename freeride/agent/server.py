@@ -207,7 +207,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)
         log.info("side-task workers run at %s", placement.describe())
-        agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs)
+        agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs, check_env=placement.to_env())
         health = HealthServicer()
         task_servicer, bubble_servicer = TaskServicer(agent), BubbleServicer(agent)
         server = _new_server()

@@ -20,6 +20,7 @@ from freeride.agent.background import Background
 from freeride.agent.config import AgentConfig
 from freeride.agent.events import (
     Checkpointed,
+    Checkpointing,
     Control,
     Failed,
     Finished,
@@ -36,6 +37,7 @@ from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
 from freeride.agent.timers import CallLater, TimerHandle
 from freeride.agent.workers import describe_exit, last_log_line
+from freeride.core.units import format_seconds
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
@@ -43,6 +45,7 @@ log = logging.getLogger("freeride.agent")
 _CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
 _WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
 _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
+_FITS_NONE = "waiting: its steps"  # the reason of a task whose steps fit no bubble seen
 
 
 class Launcher(Protocol):
@@ -66,6 +69,7 @@ class Supervisor:
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart
         self._stop_deadlines: dict[str, TimerHandle] = {}  # task id -> when its asked-for checkpoint is overdue
+        self._checkpoint_deadlines: dict[str, TimerHandle] = {}  # task id -> when its running checkpoint is overdue
         self._watchdog: TimerHandle | None = None
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
@@ -178,6 +182,7 @@ class Supervisor:
             return
         self._scheduler.remove_task(worker.task_id)
         self._cancel_stop_deadline(worker.task_id)
+        self._cancel_checkpoint_deadline(worker.task_id)
         rec = self._table.records[worker.task_id]
         log.info("task %s: %s", rec.id, describe_exit(code))
         if self._table.waiting_count() and self._admission_pass is None:
@@ -238,6 +243,7 @@ class Supervisor:
             worker.kill(f"{desired.value.lower()} before it attached")
             return
         if worker.task_id not in self._stop_deadlines:
+            self._cancel_checkpoint_deadline(worker.task_id)  # a checkpoint under way: this deadline bounds it now
             timeout_s = self._cfg.checkpoint_timeout_s
             self._stop_deadlines[worker.task_id] = self._call_later(
                 timeout_s, lambda: self._checkpoint_overdue(worker, timeout_s))
@@ -264,12 +270,60 @@ class Supervisor:
         if timer is not None:
             timer.cancel()
 
+    def _on_checkpointing(self, rec: TaskRecord, worker: Worker, active: bool) -> None:
+        """A checkpoint began or ended, whoever asked for it (the interval, the task's end, a stop): it is no step.
+
+        The scheduler grants the task nothing meanwhile and arms no hang timer; `--checkpoint-timeout-s`
+        bounds it instead. One asked for by pause, cancel or shutdown has that deadline already (from the stop).
+        """
+        self._scheduler.checkpointing(rec.id, active)
+        if not active:
+            self._cancel_checkpoint_deadline(rec.id)
+            return
+        rt = self._table.live.get(rec.id)
+        if self.stopping or rt is None or rt.desired is not None or rec.id in self._checkpoint_deadlines:
+            return
+        timeout_s = self._cfg.checkpoint_timeout_s
+        self._checkpoint_deadlines[rec.id] = self._call_later(
+            timeout_s, lambda: self._checkpoint_too_long(worker, timeout_s))
+
+    def _checkpoint_too_long(self, worker: Worker, timeout_s: float) -> None:
+        """A checkpoint nobody stopped the task for ran past --checkpoint-timeout-s: kill the worker (a crash,
+        restarted from its previous checkpoint), saying so."""
+        self._checkpoint_deadlines.pop(worker.task_id, None)
+        if self._table.worker(worker.task_id) is not worker:
+            return
+        why = (f"its checkpoint did not finish within {timeout_s:g}s (--checkpoint-timeout-s); "
+               "its worker was killed, its previous checkpoint is kept")
+        log.warning("task %s: %s", worker.task_id, why)
+        worker.kill(why)
+
+    def _cancel_checkpoint_deadline(self, task_id: str) -> None:
+        timer = self._checkpoint_deadlines.pop(task_id, None)
+        if timer is not None:
+            timer.cancel()
+
     @staticmethod
     def _send(rt: TaskRuntime, control: Control) -> bool:
         if rt.outbox is None:
             return False
         rt.outbox.put_nowait(control)
         return True
+
+    def fit(self, task_id: str, estimate_ns: int, longest_ns: int) -> None:
+        """The scheduler found the task's steps too long for every bubble seen (estimate_ns > 0), or granted it a
+        window it fits again (0): say so in its reason, or clear what was said."""
+        rec = self._table.records.get(task_id)
+        if rec is None or rec.state is not TaskState.READY:
+            return
+        if estimate_ns:
+            why = (f"{_FITS_NONE} (p95 {format_seconds(estimate_ns / 1e9)}) do not fit any bubble "
+                   f"(longest {format_seconds(longest_ns / 1e9)})")
+            log.info("task %s %s", task_id, why)
+            self._table.set_reason(rec, why)
+        elif rec.reason.startswith(_FITS_NONE):
+            log.info("task %s: its steps fit a bubble again", task_id)
+            self._table.set_reason(rec, "")
 
     def hang(self, task_id: str, window_id: int) -> None:
         worker = self._table.worker(task_id)
@@ -282,6 +336,8 @@ class Supervisor:
         self.stopping = True
         for task_id in list(self._restarts):
             self._cancel_restart(task_id)
+        for task_id in list(self._checkpoint_deadlines):  # the grace period bounds every checkpoint from now on
+            self._cancel_checkpoint_deadline(task_id)
         for timer in (self._watchdog, self._admission_pass):
             if timer is not None:
                 timer.cancel()
@@ -306,6 +362,8 @@ class Supervisor:
                 f.cancel()
             for task_id in list(self._stop_deadlines):
                 self._cancel_stop_deadline(task_id)
+            for task_id in list(self._checkpoint_deadlines):
+                self._cancel_checkpoint_deadline(task_id)
         await self._launcher.settle()
 
     # -- the memory watchdog ---------------------------------------------------------------------
@@ -408,6 +466,8 @@ class Supervisor:
                 self._table.set_reason(rec, f"{rec.reason}; its checkpoint failed: {msg.reason}")
         elif isinstance(msg, Waiting):
             self._on_waiting(rec, worker, msg)
+        elif isinstance(msg, Checkpointing):
+            self._on_checkpointing(rec, worker, msg.active)
 
     def _schedule(self, rec: TaskRecord, worker: Worker) -> None:
         """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back

@@ -17,6 +17,7 @@ MAX_ARGS = 256
 MAX_ARG_KEY_CHARS = 128
 MAX_ARG_VALUE_CHARS = 64 * 1024
 MAX_MEM_BYTES = 1 << 50  # 1 PiB: anything above is a typo, not a GPU
+MIN_MEM_BYTES = 64 << 20  # a bare worker (Python, gRPC, freeride) holds about 40 MiB: a smaller cap fails at once
 _ARG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -30,6 +31,10 @@ def check_spec(spec: TaskSpec, device_total_bytes: int | None) -> None:
         raise InvalidSpecError(f"priority must be between 0 and 100, got {spec.priority}")
     if not 0 <= spec.mem_limit_bytes <= MAX_MEM_BYTES:
         raise InvalidSpecError(f"memory limit must be between 0 and 1 PiB, got {spec.mem_limit_bytes} bytes")
+    if 0 < spec.mem_limit_bytes < MIN_MEM_BYTES:
+        raise InvalidSpecError(
+            f"memory cap of {spec.mem_limit_bytes} bytes is below {MIN_MEM_BYTES >> 20} MiB, less than a bare worker "
+            f"(Python, gRPC and freeride) holds; give --mem {MIN_MEM_BYTES >> 20}MiB or more, or leave it out")
     if not -1 <= spec.max_restarts <= 1000:
         raise InvalidSpecError(f"max_restarts must be between -1 (agent default) and 1000, got {spec.max_restarts}")
     if not 0 <= spec.checkpoint_interval_s <= 86400 * 7:

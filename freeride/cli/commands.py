@@ -56,8 +56,9 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace-s", type=number,
                    help=f"time to checkpoint on SIGTERM (default {d.shutdown_grace_s})")
     p.add_argument("--checkpoint-timeout-s", type=number,
-                   help="time a paused or cancelled task's worker gets to finish its step and checkpoint before "
-                        f"it is killed (default {d.checkpoint_timeout_s:g}; env FREERIDE_CHECKPOINT_TIMEOUT_S)")
+                   help="time a paused or cancelled task's worker gets to finish its step and checkpoint, and "
+                        "any checkpoint gets, before it is killed "
+                        f"(default {d.checkpoint_timeout_s:g}; env FREERIDE_CHECKPOINT_TIMEOUT_S)")
     p.add_argument("--max-workers", type=whole(),
                    help=f"side-task workers resident at once; more tasks wait, queued (default {d.max_workers}; "
                         "env FREERIDE_MAX_WORKERS)")

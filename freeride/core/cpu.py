@@ -135,3 +135,15 @@ class Placement:
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
                 os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+
+
+def apply_from_env(env: Mapping[str, str]) -> str:
+    """Apply the placement the agent put in this process's environment (a worker's, a submit's check); ""
+    when done or none was given, else what went wrong (the caller says it in its own words)."""
+    try:
+        placement = Placement.from_env(env)
+        if placement is not None:
+            placement.apply()
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return ""

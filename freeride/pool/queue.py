@@ -7,7 +7,9 @@ Keys (one hash tag per pool, so a Redis Cluster keeps them on one node):
   so far), `error` (the last one's message).
 - `…:ids`       every item id ever enqueued: makes `create` idempotent.
 - `…:meta`      hash: total, done, failed, lease_s, max_tries, created_unix.
-- `…:dead`      the dead-letter stream: items that failed `max_tries` times, with their last error.
+- `…:dead`      the dead-letter stream: items that failed `max_tries` times, with their last error. A failure
+  is `process()` raising, or its worker dying while processing the item (`died`, told by the restarted
+  worker), or a lease that ran out (its worker died or stalled: counted when another consumer takes it).
 - `…:consumers` set of consumer names; `…:consumer:NAME` one hash per consumer (host, gpu, task, done,
   failed, busy_s, io_s, first_unix, last_unix).
 
@@ -157,6 +159,31 @@ redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'args', ARGV[3], 'tries', tries,
 return 0
 """
 
+# KEYS: items, meta, dead, consumer hash. ARGV: entry, consumer, max_tries, error, now
+# -> JSON [item_id, tries, dead (1/0)], or '' when the entry is no longer this consumer's (done, or taken over
+# after its lease: that XCLAIM counted the death already). Its worker died while processing it: one try, as
+# for an exception, and the item goes back to the queue's end, or to the dead letters after max_tries.
+_DIED = """
+local held = redis.call('XPENDING', KEYS[1], 'workers', ARGV[1], ARGV[1], 1, ARGV[2])
+if not held[1] then return '' end
+local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])[1]
+redis.call('XACK', KEYS[1], 'workers', ARGV[1])
+if not e then return '' end
+redis.call('XDEL', KEYS[1], ARGV[1])
+local rec = {}
+for i = 1, #e[2], 2 do rec[e[2][i]] = e[2][i + 1] end
+local tries = tonumber(rec['tries'] or '0') + 1
+redis.call('HINCRBY', KEYS[4], 'failed', 1)
+if tries >= tonumber(ARGV[3]) then
+  redis.call('XADD', KEYS[3], '*', 'id', rec['id'] or '', 'args', rec['args'] or '{}', 'tries', tries,
+    'error', ARGV[4], 'consumer', ARGV[2], 'unix', ARGV[5])
+  redis.call('HINCRBY', KEYS[2], 'failed', 1)
+  return cjson.encode({rec['id'] or '', tries, 1})
+end
+redis.call('XADD', KEYS[1], '*', 'id', rec['id'] or '', 'args', rec['args'] or '{}', 'tries', tries, 'error', ARGV[4])
+return cjson.encode({rec['id'] or '', tries, 0})
+"""
+
 # KEYS: items. ARGV: entries... (leased, not started): back to the queue now, not after the lease timeout
 _RELEASE = """
 local n = 0
@@ -284,6 +311,7 @@ class Pool:
         self._ack = self._r.register_script(_ACK)
         self._fail = self._r.register_script(_FAIL)
         self._release = self._r.register_script(_RELEASE)
+        self._died = self._r.register_script(_DIED)
         self._retry = self._r.register_script(_RETRY)
         self._settings: tuple[float, int] | None = None
 
@@ -424,6 +452,21 @@ class Pool:
             args=[lease.entry, lease.item.id, json.dumps(dict(lease.item.args), sort_keys=True), lease.tries,
                   error[:1000], max_tries, consumer, f"{time.time():.3f}"],
         )) == 1
+
+    def died(self, consumer: str, entry: str, error: str) -> tuple[str, int, bool] | None:
+        """`consumer`'s worker died while processing the item of `entry` (a segfault, a kill): count one try.
+
+        The item goes back to the queue's end, or to the dead letters once it has had `max_tries`; returns
+        (item id, tries, dead), or None when the entry is no longer the consumer's (acknowledged, or taken
+        over by another after its lease, which counted the death already). Asking twice counts once.
+        """
+        _, max_tries = self.settings()
+        out = self._died(keys=[self.k_items, self.k_meta, self.k_dead, self._consumer_prefix + consumer],
+                         args=[entry, consumer, max_tries, error[:1000], f"{time.time():.3f}"])
+        if not out:
+            return None
+        item_id, tries, dead = json.loads(out)
+        return str(item_id), int(tries), bool(dead)
 
     def release(self, leases: Iterable[Lease]) -> int:
         """Give back items leased but not started, so others take them now rather than after the lease."""

@@ -24,10 +24,12 @@ class StepEstimator:
         self._since_refresh = 0
         self._cached: int | None = None
         self._lone_forgotten = False
+        self._cold: int | None = None  # the latest warm-up sample: left out, yet evidence of how long a step may be
 
     def add(self, duration_ns: int) -> None:
         if self._warmup > 0:
             self._warmup -= 1
+            self._cold = duration_ns
             return
         self._samples.append(duration_ns)
         self._since_refresh += 1
@@ -36,6 +38,10 @@ class StepEstimator:
 
     def estimate_ns(self) -> int | None:
         return self._cached
+
+    def cold_ns(self) -> int | None:
+        """The left-out warm-up step's duration while no other step was measured (None: none, or measured)."""
+        return self._cold if not self._samples else None
 
     def samples(self) -> list[int]:
         return list(self._samples)
@@ -46,14 +52,18 @@ class StepEstimator:
         if self._samples:
             self._refresh()
 
-    def forget_outlier(self) -> bool:
+    def forget_outlier(self, keep_above_ns: int | None = None) -> bool:
         """Drop the largest sample if it is over twice the median of the others; True if one was dropped.
+
+        A lone sample above `keep_above_ns` is kept: measuring it again would run a step far longer than
+        any window (an overrun of seconds on a training GPU), on no evidence that it got shorter.
 
         Called when a window went unused because the estimate did not fit: one step slowed by a
         loaded machine must not keep a task out of every bubble for good, and only running a step
         could replace that sample. Steps that are all long stay long: nothing is dropped then.
         """
-        if len(self._samples) == 1 and not self._lone_forgotten:
+        lone_too_long = keep_above_ns is not None and bool(self._samples) and self._samples[0] > keep_above_ns
+        if len(self._samples) == 1 and not self._lone_forgotten and not lone_too_long:
             # One slow step is no evidence either way: measure again, once. A task whose steps
             # really are long pays one overrun for it and then keeps its (repeated) estimate.
             self._lone_forgotten = True

@@ -40,6 +40,10 @@ def load_class(ref: str) -> type[IterativeTask] | type[ImperativeTask]:
         except Exception as exc:
             raise TaskRefError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
     else:
+        if not all(part.isidentifier() for part in module_part.split(".")):
+            raise TaskRefError(
+                f"task reference {ref!r}: {module_part!r} is neither a module name (package.module) nor a .py "
+                "file; a reference looks like 'package.module:Class' or 'path/to/file.py:Class'")
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:

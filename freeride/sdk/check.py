@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from freeride.core.cpu import apply_from_env
 from freeride.errors import TaskRefError
 from freeride.sdk._loader import bind_args, kind_of, load_class
 
@@ -69,6 +70,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--parent"]:
         _die_with(int(argv[1]))
         argv = argv[2:]
+    # The workers' placement (nice, CPUs, SCHED_IDLE): a burst of submits must not take training's CPU.
+    problem = apply_from_env(os.environ)
+    if problem:
+        print(f"cannot run the check at the CPU placement the agent chose: {problem}", file=sys.stderr)
+        return 2
     ref, *pairs = argv
     args = json.loads(sys.stdin.read()) if pairs == ["-"] else dict(p.split("=", 1) for p in pairs)
     print(json.dumps(check(ref, args)))

@@ -5,13 +5,19 @@ work (sized from the measured time per item); a step processes as many of the le
 its window, and the batch is acknowledged in one round trip once used up (or every 0.5 s), always
 after `process` returned, i.e. once the outputs are durable. Items a dead worker or agent
 held come back to the others after the pool's lease time; an item whose processing raises
-`max_tries` times goes to the pool's dead letters with its error. Redis unreachable: the task
-raises Unavailable, gives its window back and waits (backing off) until Redis answers again.
+`max_tries` times goes to the pool's dead letters with its error. A worker that dies inside `process`
+(a segfault, a kill) cannot say so: before each item it writes the item's stream entry into a marker file
+beside its checkpoint (`task-N.ckpt.item`, a pwrite into the page cache: a process's death does not undo
+it), and clears it when `process` returns; the restarted worker finds the entry there and counts one try
+for that item alone (Pool.died), so a poison item ends in the dead letters instead of killing every
+worker that takes it. Redis unreachable: the task raises Unavailable, gives its window back and waits
+(backing off) until Redis answers again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -33,6 +39,8 @@ _FILL = 0.8  # share of the window's remaining time a step may plan to use
 # trip costs ~0.2 ms (more on a loaded machine), so once per step would cost a few percent of short steps.
 _BATCH_S = 0.1
 _ACK_EVERY_S = 0.5
+_MARK_BYTES = 48  # a stream entry id is at most 41 characters (two 64-bit numbers and a dash)
+_CLEAR = b" " * _MARK_BYTES
 
 
 class PoolTask(IterativeTask):
@@ -66,6 +74,7 @@ class PoolTask(IterativeTask):
         self._item_s = 0.0  # slowest recent item, decaying: the cost planned for the next one
         self._recent_item_s: deque[float] = deque(maxlen=64)  # for min_step_s: one slow item must not decide
         self._own = True  # the first lease re-reads what this consumer held before a restart
+        self._mark_fd: int | None = None  # the marker of the item in process(): see the module's docstring
         # Queue I/O per item of each recent acknowledgement (microseconds): the lease, fail and acknowledge round
         # trips since the one before, over the items it acknowledged.
         self._overhead_us: deque[float] = deque(maxlen=1024)
@@ -135,7 +144,7 @@ class PoolTask(IterativeTask):
             lease = self._leases.popleft()
             t0 = time.perf_counter()
             try:
-                self.process(lease.item)
+                self._process(lease)
             except Unavailable:
                 self._leases.appendleft(lease)
                 raise
@@ -158,6 +167,15 @@ class PoolTask(IterativeTask):
         if not self._leases or time.monotonic() - self._acked_at >= min(_ACK_EVERY_S, pool.settings()[0] / 4):
             self._flush()
 
+    def _process(self, lease: Lease) -> None:
+        """process(), with the item's entry in the marker while it runs (what the next worker reads if this
+        one dies inside it)."""
+        self._mark(lease.entry.encode().ljust(_MARK_BYTES))
+        try:
+            self.process(lease.item)
+        finally:
+            self._mark(_CLEAR)
+
     def _lease(self, pool: Pool) -> None:
         lease_s, _ = pool.settings()
         batch_s = min(_BATCH_S, lease_s / 20)  # a batch is done long before its lease runs out
@@ -176,12 +194,36 @@ class PoolTask(IterativeTask):
 
     def _take(self, pool: Pool, count: int) -> int:
         """Lease up to `count` items into the local queue (first, everything this consumer held before a
-        restart); how many came."""
+        restart, less the item its worker died processing: that one is counted a try); how many came."""
+        if self._own:
+            self._died_processing(pool)
         leases = pool.lease(self.consumer, count, own=self._own, host=socket.gethostname(),
                             gpu=str(self.context.gpu), task=self.context.task_id)
         self._own = False
         self._leases.extend(leases)
         return len(leases)
+
+    def _mark(self, entry: bytes) -> None:
+        if self._mark_fd is not None:
+            os.pwrite(self._mark_fd, entry, 0)
+
+    def _died_processing(self, pool: Pool) -> None:
+        """Open the marker; if the worker before this one died inside process(), count that item's try."""
+        if self._mark_fd is None and self.context.checkpoint_path:  # not run by an agent: no marker
+            self._mark_fd = os.open(self.context.checkpoint_path + ".item", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                    0o600)
+        if self._mark_fd is None:
+            return
+        entry = os.pread(self._mark_fd, _MARK_BYTES, 0).decode(errors="replace").strip()
+        if entry:
+            died = pool.died(self.consumer, entry, "its worker died while processing it")
+            if died is not None:
+                item_id, tries, dead = died
+                _, max_tries = pool.settings()
+                log.warning("item %s: the worker before this one died while processing it (try %d of %d)%s",
+                            item_id, tries, max_tries, "; moved to the dead letters" if dead else "; queued again")
+                self.items_failed += 1
+            self._mark(_CLEAR)
 
     def _failed(self, pool: Pool, lease: Lease, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
@@ -255,6 +297,9 @@ class PoolTask(IterativeTask):
         finally:
             self._pool.close()
             self._pool = None
+            if self._mark_fd is not None:
+                os.close(self._mark_fd)
+                self._mark_fd = None
 
     def progress(self) -> Mapping[str, float]:
         spent = self.busy_s + self.io_s

@@ -26,12 +26,13 @@ from typing import Any, NoReturn
 
 import grpc
 
-from freeride.core.cpu import Placement
+from freeride.core.cpu import apply_from_env
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk._estimate import StepEstimator
 from freeride.sdk._loader import bind_args, load_class
+from freeride.sdk._progress import BoundedProgress
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
@@ -40,6 +41,9 @@ log = logging.getLogger("freeride.worker")
 
 _REPORT_BATCH = 256
 _PROBE_AFTER_WINDOWS = 8  # a task whose declared smallest step fit none of this many windows steps anyway
+# A step is never run on no evidence (a probe, a step after the warm-up) when what is known of it is more than
+# this many times the longest window this worker was granted: that step would overrun a bubble by seconds.
+_FAR_BEYOND = 8
 _PROGRESS_EVERY_S = 1.0
 _CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any other
 _MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
@@ -103,12 +107,27 @@ class _Gate:
         self._woke_ns = 0  # when the idle wait ended, until the next read of the word
         self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
         self._peak_bytes = 0  # this process's peak resident memory at the latest sample
+        self._longest_window_ns = 0  # the longest window granted to this worker (from when it saw the grant)
 
     def estimate_ns(self) -> int | None:
         """What the next step is expected to take: the task's own smallest step if it declares one
-        (IterativeTask.min_step_s), else a high percentile of the measured steps."""
+        (IterativeTask.min_step_s), else a high percentile of the measured steps (else the warm-up step,
+        when that was far beyond every window: see _measured_ns)."""
         declared = self._declared_ns()
-        return declared if declared is not None else self.estimator.estimate_ns()
+        return declared if declared is not None else self._measured_ns()
+
+    def _measured_ns(self) -> int | None:
+        """The measured estimate; with none yet, the left-out warm-up step when it was far beyond the longest
+        window (a step run to measure again would overrun by about as much: it is not run)."""
+        est = self.estimator.estimate_ns()
+        if est is None:
+            cold = self.estimator.cold_ns()
+            if cold is not None and self._far_beyond(cold):
+                return cold
+        return est
+
+    def _far_beyond(self, duration_ns: int) -> bool:
+        return self._longest_window_ns > 0 and duration_ns > _FAR_BEYOND * self._longest_window_ns
 
     def _declared_ns(self) -> int | None:
         try:
@@ -143,6 +162,7 @@ class _Gate:
                 self._wid, self._until_ns = word.window_id, word.until_ns
                 self._stepped = False
                 self._saw_ns = woke or time.monotonic_ns()
+                self._longest_window_ns = max(self._longest_window_ns, self._until_ns - self._saw_ns)
             if self._wid:
                 if word.window_id != self._wid or not word.open:
                     self.close(pb.WINDOW_END_REASON_REVOKED)
@@ -152,12 +172,13 @@ class _Gate:
                     self.close(pb.WINDOW_END_REASON_EXPIRED)
                     continue
                 declared = self._declared_ns()
-                est = declared if declared is not None else self.estimator.estimate_ns()
+                est = declared if declared is not None else self._measured_ns()
                 if est is not None and now + est > self._until_ns:
                     if not self._stepped:
-                        if declared is None and self.estimator.forget_outlier():
+                        far = _FAR_BEYOND * self._longest_window_ns
+                        if declared is None and self.estimator.forget_outlier(keep_above_ns=far):
                             continue  # granted, yet not one step fit a stale outlier: judge this window again
-                        if declared is not None:
+                        if declared is not None and not self._far_beyond(declared):
                             # Only a step can refresh what the task declares: after some windows it did
                             # not fit, one step (which sizes itself to what is left) lets it measure again.
                             self._unfit_windows += 1
@@ -297,8 +318,18 @@ class _Gate:
         )
         self._last_wid, self._wid = self._wid, 0
         self._saw_ns = 0
-        if reason != pb.WINDOW_END_REASON_STOPPING:
+        if reason not in (pb.WINDOW_END_REASON_STOPPING, pb.WINDOW_END_REASON_CHECKPOINT):
             self._on_idle(force=False)
+
+    def give_back_unseen(self) -> None:
+        """Before a checkpoint (idle, holding no window): give back a grant written since this worker last looked,
+        or the agent would hold it busy through a checkpoint that answers no window."""
+        if self._wid or self.window is None:
+            return
+        word = self.window.read()
+        if word.window_id > self._last_wid:
+            self._wid = word.window_id
+            self.close(pb.WINDOW_END_REASON_CHECKPOINT)
 
     def _flush_steps(self) -> None:
         now = time.monotonic()
@@ -420,7 +451,8 @@ class Worker:
             gpu=_gpu_index(os.environ.get("FREERIDE_GPU", "")),  # the agent's --gpu
             _runtime=self.gate,
         )
-        self.gate.progress = lambda: {k: float(v) for k, v in task.progress().items()}
+        bounded = BoundedProgress()  # never a message gRPC refuses (the stream would close: a silent death)
+        self.gate.progress = lambda: bounded(task.progress())
         if isinstance(task, IterativeTask):
             self.gate.declared_step_s = task.min_step_s
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
@@ -505,8 +537,21 @@ class Worker:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
+        """Take and write a checkpoint, telling the agent when it begins and ends: it is no step, whoever asked
+        for it (the interval, the task's end, pause, cancel, shutdown), so the agent grants no window and arms
+        no hang timer meanwhile; --checkpoint-timeout-s bounds it."""
         assert self.task is not None
         self._ckpt_at = time.monotonic()
+        self.gate.give_back_unseen()
+        self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=True)))
+        try:
+            self._write_checkpoint()
+        finally:
+            self._ckpt_at = time.monotonic()  # the interval runs between checkpoints, not from one's start
+            self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=False)))
+
+    def _write_checkpoint(self) -> None:
+        assert self.task is not None
         try:
             state = self.task.state_dict()
         except Exception as exc:
@@ -632,14 +677,10 @@ def limit_torch_memory(cap_bytes: int, device: str, before_setup: bool) -> None:
 
 def _apply_placement() -> bool:
     """The CPU placement the agent chose (--worker-nice/-cpus/-sched), applied before the task starts anything."""
-    try:
-        placement = Placement.from_env(os.environ)
-        if placement is not None:
-            placement.apply()
-    except (ValueError, OSError) as exc:
-        log.error("cannot run at the CPU placement the agent chose: %s", exc)
-        return False
-    return True
+    problem = apply_from_env(os.environ)
+    if problem:
+        log.error("cannot run at the CPU placement the agent chose: %s", problem)
+    return not problem
 
 
 def main(argv: list[str] | None = None) -> int:

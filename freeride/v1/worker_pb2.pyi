@@ -15,6 +15,7 @@ class WindowEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WINDOW_END_REASON_DONE: _ClassVar[WindowEndReason]
     WINDOW_END_REASON_STOPPING: _ClassVar[WindowEndReason]
     WINDOW_END_REASON_UNAVAILABLE: _ClassVar[WindowEndReason]
+    WINDOW_END_REASON_CHECKPOINT: _ClassVar[WindowEndReason]
 
 class ControlAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,13 +30,14 @@ WINDOW_END_REASON_NO_FIT: WindowEndReason
 WINDOW_END_REASON_DONE: WindowEndReason
 WINDOW_END_REASON_STOPPING: WindowEndReason
 WINDOW_END_REASON_UNAVAILABLE: WindowEndReason
+WINDOW_END_REASON_CHECKPOINT: WindowEndReason
 CONTROL_ACTION_UNSPECIFIED: ControlAction
 CONTROL_ACTION_PAUSE: ControlAction
 CONTROL_ACTION_CANCEL: ControlAction
 CONTROL_ACTION_CHECKPOINT: ControlAction
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed", "waiting")
+    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed", "waiting", "checkpointing")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,7 @@ class WorkerMessage(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     hello: WorkerHello
     ready: WorkerReady
     steps: StepReport
@@ -52,7 +55,8 @@ class WorkerMessage(_message.Message):
     finished: WorkerFinished
     failed: WorkerFailed
     waiting: WorkerWaiting
-    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., waiting: _Optional[_Union[WorkerWaiting, _Mapping]] = ...) -> None: ...
+    checkpointing: WorkerCheckpointing
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., waiting: _Optional[_Union[WorkerWaiting, _Mapping]] = ..., checkpointing: _Optional[_Union[WorkerCheckpointing, _Mapping]] = ...) -> None: ...
 
 class WorkerHello(_message.Message):
     __slots__ = ("task_id", "instance", "pid")
@@ -167,6 +171,12 @@ class WorkerWaiting(_message.Message):
     reason: str
     waiting: bool
     def __init__(self, reason: _Optional[str] = ..., waiting: bool = ...) -> None: ...
+
+class WorkerCheckpointing(_message.Message):
+    __slots__ = ("active",)
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    active: bool
+    def __init__(self, active: bool = ...) -> None: ...
 
 class AgentCommand(_message.Message):
     __slots__ = ("setup", "control")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 
@@ -99,3 +100,19 @@ def test_a_checkpoint_in_another_format_fails_the_task_once_saying_what_to_do_an
     assert failed.restarts == 0  # not retried: a retry reads the same file
     assert "format 99" in failed.reason and "move the file away" in failed.reason
     assert pickle.loads(ckpt.read_bytes())["version"] == 99  # the user's file is untouched
+
+
+def test_a_progress_over_what_a_message_carries_is_cut_to_its_first_keys_and_said_so(agent, client):
+    """progress() returning ~5 MiB (over gRPC's 4 MiB) used to end the worker silently: 'exited with code 0'."""
+    task = client.submit(spec("HugeProgress", keys=300_000, steps=40))
+    with BackgroundTrainer(agent, [20.0]):
+        done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE, FAILED], timeout_s=60)
+    assert done.state == tasks_pb2.TASK_STATE_DONE and done.restarts == 0, done.reason
+    progress = dict(done.progress)
+    # Kept: the first 64 numbers in the order progress() gave them (the string is not one); NaN as it is.
+    assert progress.pop("progress_dropped") == 300_003 - 64
+    assert math.isnan(progress.pop("loss")) and progress.pop("count") == 40
+    assert sorted(progress) == [f"metric_{i:07d}" for i in range(62)]  # (a protobuf map keeps no order)
+    log = Path(done.log_path).read_text()
+    assert log.count("progress() returned 300003 entries, 299939 dropped (299938 past the first 64 kept, 1 whose "
+                     "values are not numbers)") == 1, log[-2000:]  # once per worker, however often it is sampled

@@ -18,7 +18,8 @@ from freeride.v1 import tasks_pb2
 TASK = Path(__file__).parents[1] / "tasks" / "placement.py"
 
 
-def test_a_worker_its_threads_and_its_children_run_at_the_agents_nice_and_cpus(tmp_path: Path) -> None:
+def test_a_worker_its_threads_its_children_and_its_submit_check_run_at_the_agents_nice_and_cpus(
+        tmp_path: Path) -> None:
     cpu = max(os.sched_getaffinity(0))
     nice = max(7, os.getpriority(os.PRIO_PROCESS, 0))
     out = tmp_path / "placement.json"
@@ -30,6 +31,8 @@ def test_a_worker_its_threads_and_its_children_run_at_the_agents_nice_and_cpus(t
         placed = json.loads(out.read_text())
         assert f"side-task workers run at nice {nice}, CPUs {cpu}" in agent.log_tail(50)
     threads = placed["worker"] + placed["child"]
+    # the reference check at submit too: a burst of submits must not take the trainer's CPU (round 2, item 11)
+    threads += json.loads(out.with_suffix(".check.json").read_text())
     assert len(placed["worker"]) >= 3  # main, gRPC's, the task's own: started before and after the worker began
     assert {(t["nice"], tuple(t["cpus"]), t["sched"]) for t in threads} == {(nice, (cpu,), os.SCHED_OTHER)}
 

@@ -14,20 +14,23 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import FAST
+from conftest import FAST, BackgroundTrainer
 from redis_support import RedisServer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))  # the fault tests' helpers: tagged agents, reaping
-from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, tagged_agent
+from fault_support import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
 
-from freeride.tooling.harness import AgentProcess, WindowCollector
+from freeride.pool import Pool, parse_pool_url, range_items
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.tooling.poolrun import FAKE_GPU, PoolRun, worker_up
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
+FAULTY = TASKS / "faulty.py"
 AGENTS = 8
 ITEMS = 20_000
 POISON = (7, 1_500, 3_003)  # first tried before the faults; their retries come last (a failed item goes to the back)
@@ -145,3 +148,36 @@ def test_while_redis_is_down_the_pool_task_waits_without_a_window_and_resumes_af
     assert (status.done, status.failed, status.pending) == (1_000, 0, 0) and len(run.outputs()) == 1_000
     assert_all_reaped(agents.made[0].tag)
     assert_no_tracebacks(agents.made[0])
+
+
+def test_an_item_that_segfaults_its_worker_becomes_a_dead_letter_and_the_task_goes_on(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Each death inside process() counts one try for that item alone: after max_tries (3) deaths, the agent's
+    default restarts (3), it is a dead letter, and the restarted worker finishes the rest."""
+    url = redis_server.url("segv")
+    with Pool(parse_pool_url(url)) as pool:
+        pool.create(range_items(40), max_tries=MAX_TRIES)  # the default lease (30 s): no death is found by a lease
+    out = tmp_path / "out"
+    with clean_agent(tmp_path / "state") as agent, agent.client() as client:
+        task = client.submit(S.TaskSpec(ref=f"{FAULTY}:SegfaultPool",
+                                        args={"pool": url, "out_dir": str(out), "poison": "13"}))
+        with BackgroundTrainer(agent, [50.0]):
+            done = wait_for_task(client, task.id, [S.TASK_STATE_DONE, S.TASK_STATE_FAILED], timeout_s=60)
+        assert done.state == S.TASK_STATE_DONE, (done.reason, agent.log_tail())
+        assert done.restarts == MAX_TRIES  # one death per try of the poison item, none for any other
+    journal = Counter((out / "journal").read_text().split())
+    assert journal["13"] == MAX_TRIES
+    good = {str(i) for i in range(40)} - {"13"}
+    assert {p.name for p in out.iterdir()} == good | {"journal"}  # one output per item, no temporary file left
+    assert all((out / i).read_text() == i for i in good)
+    with Pool(parse_pool_url(url)) as pool:
+        status = pool.status()
+    assert (status.total, status.done, status.failed, status.in_flight, status.queued) == (40, 39, 1, 0, 0)
+    [dead] = status.dead
+    assert (dead.item.id, dead.tries, dead.error) == ("13", MAX_TRIES, "its worker died while processing it")
+    [consumer] = status.consumers
+    assert (consumer.done, consumer.failed) == (39, MAX_TRIES)  # each item counted done once
+    log_text = Path(done.log_path).read_text(errors="replace")  # the worker's log: what each restart found
+    assert "item 13: the worker before this one died while processing it (try 3 of 3); moved to the dead letters" \
+        in log_text

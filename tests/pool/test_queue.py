@@ -113,3 +113,25 @@ def test_an_item_whose_workers_keep_dying_becomes_a_dead_letter(redis_server: Re
     s = pool.status()
     assert (s.failed, s.pending) == (1, 0) and pool.finished()
     assert s.dead[0].item.id == "killer" and "died or stalled while holding it" in s.dead[0].error
+
+
+def test_a_death_inside_process_counts_one_try_for_that_item_alone_and_only_once(redis_server: RedisServer) -> None:
+    pool = _pool(redis_server, "died", max_tries=2)
+    held = pool.lease("w1", 3)
+    poison = held[1]
+    assert pool.died("w1", poison.entry, "its worker died while processing it") == (poison.item.id, 1, False)
+    assert pool.died("w1", poison.entry, "asked twice") is None  # the restarted worker died before clearing it
+    assert pool.died("w2", held[0].entry, "not w2's") is None  # another consumer's item is left alone
+    again = pool.lease("w1", 1, own=True)
+    assert [x.entry for x in again] == [held[0].entry, held[2].entry]  # the others: still held, no try counted
+    assert [(x.item.id, x.tries) for x in again] == [(held[0].item.id, 0), (held[2].item.id, 0)]
+    pool.ack("w1", again)
+    rest = pool.lease("w1", 10)
+    [back] = [x for x in rest if x.item.id == poison.item.id]  # queued again, at the end, with its try
+    assert back.tries == 1 and rest[-1] == back
+    assert pool.died("w1", back.entry, "its worker died while processing it") == (poison.item.id, 2, True)
+    pool.ack("w1", [x for x in rest if x is not back])
+    s = pool.status()
+    assert (s.done, s.failed, s.pending) == (9, 1, 0) and pool.finished()
+    [dead] = s.dead
+    assert (dead.item.id, dead.tries, dead.error) == (poison.item.id, 2, "its worker died while processing it")

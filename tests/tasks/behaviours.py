@@ -217,3 +217,16 @@ class Says(Counter):
         if self.fail:
             raise RuntimeError(self.text)
         super().step()
+
+
+class HugeProgress(Counter):
+    """A Counter whose progress() returns `keys` entries (300,000: about 5 MiB on the wire), a NaN and a string."""
+
+    def __init__(self, keys: int = 300_000, step_ms: float = 1.0, steps: int = 0) -> None:
+        super().__init__(step_ms, steps)
+        self.huge: dict[str, Any] = {"count": 0.0, "loss": float("nan"), "phase": "warm-up"}
+        self.huge.update((f"metric_{i:07d}", float(i)) for i in range(keys))  # built once: progress() stays cheap
+
+    def progress(self) -> Mapping[str, float]:
+        self.huge["count"] = float(self.count)
+        return self.huge

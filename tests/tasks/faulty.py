@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from behaviours import Counter  # beside this file: task files import their neighbours
 
-from freeride import IterativeTask
+from freeride import IterativeTask, PoolItem, PoolTask
 
 _SLEEPER = "import time; time.sleep(3600)"
 
@@ -27,6 +28,31 @@ class Segfaults(IterativeTask):
 
     def step(self) -> None:
         ctypes.string_at(0)
+
+
+class SegfaultPool(PoolTask):
+    """Writes `out_dir/ID` (holding the id) for each item, except `poison`, on which the worker kills itself with
+    SIGSEGV. Every call of process() first appends the id to `out_dir/journal` (O_APPEND: one line per call)."""
+
+    def __init__(self, pool: str, out_dir: str, poison: str) -> None:
+        super().__init__(pool)
+        self.out_dir = Path(out_dir)
+        self.poison = poison
+
+    def setup(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def process(self, item: PoolItem) -> None:
+        fd = os.open(self.out_dir / "journal", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{item.id}\n".encode())
+        finally:
+            os.close(fd)
+        if item.id == self.poison:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        tmp = self.out_dir / f".{item.id}.tmp"
+        tmp.write_text(item.id)
+        os.replace(tmp, self.out_dir / item.id)
 
 
 class ForksAndDies(IterativeTask):

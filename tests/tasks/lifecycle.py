@@ -14,14 +14,35 @@ from behaviours import Counter  # beside this file: task files import their neig
 
 
 class SlowCheckpoint(Counter):
-    """A Counter whose state_dict() takes `checkpoint_s` (a large state being gathered and pickled)."""
+    """A Counter whose state_dict() takes `checkpoint_s` (a large state being gathered and pickled).
 
-    def __init__(self, checkpoint_s: float = 3.0, step_ms: float = 1.0) -> None:
+    With `fifo`, it writes `b` into that FIFO when a state_dict() begins and `e` when it ends, never blocking
+    (a test opens the FIFO first and blocks on it to act while a checkpoint runs).
+    """
+
+    def __init__(self, checkpoint_s: float = 3.0, step_ms: float = 1.0, fifo: str = "") -> None:
         super().__init__(step_ms)
         self.checkpoint_s = checkpoint_s
+        self.fifo = fifo
+
+    def _say(self, what: bytes) -> None:
+        if not self.fifo:
+            return
+        try:
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader
+            return
+        try:
+            os.write(fd, what)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def state_dict(self) -> Mapping[str, Any]:
+        self._say(b"b")
         time.sleep(self.checkpoint_s)
+        self._say(b"e")
         return super().state_dict()
 
 

@@ -26,6 +26,13 @@ class ReportsPlacement(IterativeTask):
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
+    @classmethod
+    def check_args(cls, **kwargs: object) -> None:
+        """Runs in the submit's reference check: where that process runs goes beside `path` (.check.json)."""
+        out = Path(str(kwargs["path"])).with_suffix(".check.json")
+        out.with_suffix(".tmp").write_text(json.dumps(_placement(os.getpid())))
+        os.replace(out.with_suffix(".tmp"), out)
+
     def setup(self) -> None:
         started = threading.Event()
         threading.Thread(target=lambda: (started.set(), threading.Event().wait()), daemon=True).start()

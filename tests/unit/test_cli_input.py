@@ -56,6 +56,9 @@ def usage_line(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["agent", "--margin-ms", "nan"], ["--margin-ms", "give a number", "'nan'"]),
     (["agent", "--hang-timeout-s", "5s"], ["--hang-timeout-s", "give a number", "'5s'"]),
     (["agent", "--metrics-port", "9400.5"], ["--metrics-port", "whole number", "'9400.5'"]),
+    (["agent", "--max-workers", "0"], ["--max-workers must be >= 1, got 0"]),
+    (["agent", "--check-timeout-s", "41"], ["--check-timeout-s must be > 0 and at most 40", "got 41.0"]),
+    (["agent", "--check-timeout-s", "0"], ["--check-timeout-s must be > 0", "got 0.0"]),
 ])
 def test_bad_numbers_and_arguments_are_one_line_saying_what_to_give(capsys, argv, words):
     line = usage_line(capsys, *argv)

@@ -113,6 +113,13 @@ def test_reference_without_module_and_class_is_rejected_with_the_expected_form(r
     assert "package.module:Class" in ref_error(ref)
 
 
+@pytest.mark.parametrize("module", ["../../x", "..x", ".x", "pkg/mod", "pkg.my-mod", "pkg..mod"])
+def test_a_module_part_that_is_neither_a_module_name_nor_a_file_says_what_a_reference_is(module: str) -> None:
+    assert ref_error(f"{module}:Y") == (
+        f"task reference '{module}:Y': {module!r} is neither a module name (package.module) nor a .py file; "
+        "a reference looks like 'package.module:Class' or 'path/to/file.py:Class'")
+
+
 def test_missing_module_is_reported_by_name() -> None:
     message = ref_error("no_such_module_for_freeride_tests:Task")
     assert "no_such_module_for_freeride_tests" in message

@@ -703,3 +703,33 @@ def test_a_probe_never_takes_a_window_before_a_higher_priority_task_that_fits(h:
     firsts = {wid: task for wid, task in reversed(log)}  # each window's first grant
     assert len(firsts) == 40 and set(firsts.values()) == {"high"}
     assert any(task == "stale" for _, task in log)  # the probe did happen, in tails only
+
+
+# -- round 2, item 8: a task whose steps fit no bubble says so -------------------------------------
+
+
+def test_a_task_whose_steps_fit_no_bubble_seen_is_told_once_and_the_word_is_taken_back_when_one_fits() -> None:
+    said: list[tuple[str, int, int]] = []
+    h = Harness()
+    h.sched._on_fit = lambda task_id, estimate_ns, longest_ns: said.append((task_id, estimate_ns, longest_ns))
+    big = h.add("big", step_estimate_ns=2_000 * MS)  # two-second steps; bubbles of 10 ms
+    t = h.learn()
+
+    def bubble(i: int, estimate_ns: int) -> bool:
+        """One bubble; the worker answers a grant (a probe) with `estimate_ns`. True if it was granted one."""
+        h.start(t + i * PERIOD, iteration=2 + i)
+        grants = big.grants()
+        for grant in grants:
+            h.done("big", int(grant[1]), step_estimate_ns=estimate_ns)  # type: ignore[call-overload]
+        big.calls.clear()
+        h.end(t + i * PERIOD + LENGTH, iteration=2 + i)
+        return bool(grants)
+
+    probes = sum(bubble(i, 2_000 * MS) for i in range(40))  # passed over, probed, passed over again
+    assert probes == 2 and said == [("big", 2_000 * MS, LENGTH)]  # said once
+    i = 40
+    while not bubble(i, 1 * MS):  # the next probe: its worker found its steps short now
+        i += 1
+    assert said[1:] == []  # a probe is not a window it fits (its worker may not have stepped)
+    bubble(i + 1, 1 * MS)
+    assert said[1:] == [("big", 0, 0)]  # granted a window it fits: the reason is taken back

@@ -392,3 +392,13 @@ async def test_a_waiting_reason_is_one_line_of_bounded_length(rig: Rig) -> None:
     rec, worker = await ready_task(rig)
     rig.sup.on_worker_message(rec.id, worker.instance, Waiting("no\nanswer  " + "x" * 1000, True))
     assert rec.reason.startswith("waiting: no answer xxx") and len(rec.reason) == len("waiting: ") + 200
+
+
+@in_loop
+async def test_a_task_whose_steps_fit_no_bubble_says_why_until_one_fits(rig: Rig) -> None:
+    rec, _worker = await ready_task(rig)
+    rig.sup.fit(rec.id, 2_000_000_000, 60_000_000)  # the scheduler: passed over, and longer than any bubble seen
+    assert (rec.state, rec.reason) == (
+        TaskState.READY, "waiting: its steps (p95 2.00 s) do not fit any bubble (longest 60.0 ms)")
+    rig.sup.fit(rec.id, 0, 0)  # granted a window it fits
+    assert rec.reason == ""

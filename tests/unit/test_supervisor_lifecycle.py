@@ -11,7 +11,7 @@ import pytest
 from engine_fakes import MiB, Rig, in_loop
 from test_supervisor import STOPS, attach, bubble, grants, ready_task
 
-from freeride.agent.events import Control, Failed, Ready, WindowDone
+from freeride.agent.events import Checkpointing, Control, Failed, Ready, WindowDone
 from freeride.agent.model import TaskState
 
 
@@ -112,6 +112,85 @@ async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason
     assert rec.state is desired  # no crash, no restart
     why = "its checkpoint failed: state_dict() raised OSError: disk full"
     assert rec.reason == f"{desired.value.lower()} by user; {why}"
+
+
+# -- round 2, item 1: a checkpoint nobody stopped the task for is no step either ---------------------
+
+
+def _done(rig: Rig, rec_id: str, instance: int, window_id: int) -> None:
+    rig.sup.on_worker_message(rec_id, instance, WindowDone(window_id, idle_since_ns=5, step_estimate_ns=0))
+
+
+@in_loop
+async def test_a_periodic_checkpoint_gets_no_window_and_no_hang_timer_but_a_deadline_of_its_own(rig: Rig) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    bubble(rig, 0)
+    _done(rig, rec.id, worker.instance, 1)
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))  # its interval came due
+    for it in (1, 2, 3):  # bubbles go on while a 2 GiB state_dict() runs
+        bubble(rig, it)
+    assert grants(worker) == [1] and rig.scheduler.tasks[rec.id].hang_timer is None
+    (deadline,) = rig.timers.pending()
+    assert deadline.at - rig.timers.now == rig.config.checkpoint_timeout_s  # not the hang timeout
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    assert deadline.cancelled and grants(worker) == [1, 4]  # the open window is its own again at once
+    assert worker.kills == [] and rec.state is TaskState.READY
+
+
+@in_loop
+async def test_a_window_granted_just_before_a_periodic_checkpoint_began_arms_no_hang_timer_until_it_ends(
+    rig: Rig,
+) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    bubble(rig, 0)
+    _done(rig, rec.id, worker.instance, 1)
+    bubble(rig, 1)  # granted while the worker, idle, was about to checkpoint: it will not look before the end
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    bubble(rig, 2)  # that window closes unanswered: no hang timer, and no new grant
+    slot = rig.scheduler.tasks[rec.id]
+    assert grants(worker) == [1, 2] and slot.hang_timer is None
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    assert slot.hang_timer is not None  # from now on it answers as any idle worker does
+    _done(rig, rec.id, worker.instance, 2)
+    assert slot.hang_timer is None and grants(worker) == [1, 2, 3] and worker.kills == []
+
+
+@in_loop
+async def test_a_periodic_checkpoint_past_the_checkpoint_timeout_is_killed_and_restarted_saying_so(rig: Rig) -> None:
+    rec, worker = await ready_task(rig)
+    attach(rig, rec.id, worker.instance)
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    rig.timers.fire_next()
+    why = ("its checkpoint did not finish within 300s (--checkpoint-timeout-s); "
+           "its worker was killed, its previous checkpoint is kept")
+    assert worker.kills == [why]
+    worker.exit(-9)
+    assert rec.state is TaskState.STARTING and rec.reason.endswith(f"after: {why}")
+
+
+@pytest.mark.parametrize(("desired", "control"), STOPS)
+@in_loop
+async def test_a_stop_during_a_periodic_checkpoint_waits_for_it_under_the_stops_deadline(
+    rig: Rig, desired: TaskState, control: Control
+) -> None:
+    rec, worker = await ready_task(rig)
+    outbox = attach(rig, rec.id, worker.instance)
+    bubble(rig, 0)
+    _done(rig, rec.id, worker.instance, 1)
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    (periodic,) = rig.timers.pending()
+    rig.timers.now = 200.0  # the checkpoint has run 200 s when the stop arrives
+    rig.ask_stop(rec, desired)
+    assert outbox.get_nowait() is control  # the worker takes it once its checkpoint is written
+    (stop_deadline,) = rig.timers.pending()
+    assert periodic.cancelled and stop_deadline.at == 500.0  # a full --checkpoint-timeout-s from the stop
+    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    bubble(rig, 1)
+    assert grants(worker) == [1]  # stopping: no window after its checkpoint either
+    worker.exit(0)
+    assert (rec.state, rec.reason, worker.kills) == (desired, f"{desired.value.lower()} by user", [])
 
 
 # -- bug 6: counts that agree ----------------------------------------------------------------------

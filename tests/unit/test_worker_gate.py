@@ -249,3 +249,42 @@ def test_the_window_done_says_when_the_worker_saw_the_grant(tmp_path: Path) -> N
     h.gate.close(pb.WINDOW_END_REASON_REVOKED)
     (done,) = [m.window_done for m in h.sent if m.WhichOneof("body") == "window_done"]
     assert granted <= done.woke_ns <= returned  # the wait's end, or the read that found the grant
+
+
+def test_steps_far_longer_than_every_window_are_not_run_again_to_measure_them(tmp_path: Path) -> None:
+    """Two-second steps, 60 ms windows: the first step is measured (nothing was known), then no step runs on no
+    evidence, neither the one after the left-out warm-up step nor a lone sample's re-measure."""
+    h = Harness(tmp_path)
+    h.gate.estimator = StepEstimator(warmup_steps=1)  # as the worker has it
+    window_ns = 60_000_000
+    h.writer.grant(1, time.monotonic_ns() + window_ns)
+    h.gate.acquire()  # nothing known: the first step runs
+    start = time.monotonic_ns()
+    h.gate.step_done(start, start + 2_000_000_000)  # and takes 2 s (left out of the estimate: a warm-up)
+
+    def refused(window_id: int) -> tuple[int, int]:
+        """Grant a 60 ms window; the worker must give it back unstepped. (window, estimate reported)."""
+        h.window_done.clear()
+        h.writer.grant(window_id, time.monotonic_ns() + window_ns)
+        stopped: list[BaseException] = []
+
+        def acquire() -> None:
+            try:
+                h.gate.acquire()
+            except TaskStop as exc:
+                stopped.append(exc)
+
+        waiter = threading.Thread(target=acquire, daemon=True)
+        waiter.start()
+        assert h.window_done.wait(5)
+        done = h.sent[-1].window_done
+        h.shared.lost = True  # then end its wait for the next window
+        h.shared.wake()
+        waiter.join(5)
+        h.shared.lost = False
+        assert stopped  # it was still waiting: no step ran in that window
+        return done.window_id, done.step_estimate_ns
+
+    assert refused(2) == (2, 2_000_000_000)  # judged by the warm-up step, and the agent hears it
+    h.gate.estimator.add(2_000_000_000)  # a lone sample (as a second step would have left)
+    assert refused(3) == (3, 2_000_000_000)  # kept: not forgotten to measure it again
