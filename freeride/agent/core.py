@@ -239,8 +239,9 @@ class Agent:
         return self.task_logs.read(task_id, tail_lines, follow, over)
 
     def log_path(self, task_id: str) -> str:
-        """Where the task's output is stored ("" when this agent keeps no task logs)."""
-        return str(self.task_logs.path(task_id)) if self.task_logs is not None else ""
+        """Where the task's output is stored, absolute ("" when this agent keeps no task logs): a relative
+        --state-dir means the agent's working directory, which the reader of `show` does not share."""
+        return str(self.task_logs.path(task_id).absolute()) if self.task_logs is not None else ""
 
     def stats(self) -> Stats:
         for stream in self.streams:  # edges written before the call count in its answer

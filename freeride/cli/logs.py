@@ -28,12 +28,18 @@ def cmd_logs(ns: argparse.Namespace) -> int:
                         "log": b"".join(ch.data for ch in chunks).decode(errors="replace")})
             return 0
         out = sys.stdout.buffer
+        written, path = 0, ""
         try:
             for chunk in stream:
+                path = chunk.path or path
                 if chunk.data:
                     out.write(chunk.data)
                     out.flush()
+                    written += len(chunk.data)
         except KeyboardInterrupt:  # the way to stop following
             stream.cancel()
             return 130
+    if not written:  # an empty answer reads as a broken command: say there is nothing (yet)
+        where = f" (its log: {path})" if path else ""
+        print(f"task {ns.task_id} has written no output{' yet' if not ns.follow else ''}{where}", file=sys.stderr)
     return 0

@@ -93,3 +93,26 @@ def test_logs_of_an_unknown_task_is_one_line_and_exit_2(agent: AgentProcess) -> 
     res = freeride("logs", "999", "--agent", agent.socket)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
     assert "no task with id '999'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_agent_with_a_relative_state_dir_names_logs_absolutely_and_an_empty_log_says_so(tmp_path: Path) -> None:
+    # `--state-dir state` is relative to the agent's working directory, which `show`'s reader does not share.
+    socket = tmp_path / "a.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "freeride", "agent", "--state-dir", "state", "--socket",
+                             str(socket), *FAST], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with AgentClient(f"unix:{socket}") as c:
+            c.wait_ready(20)
+            task = c.submit(S.TaskSpec(ref=f"{Path(__file__).parents[1] / 'tasks' / 'behaviours.py'}:Counter"))
+            wait_for_task(c, task.id, [S.TASK_STATE_READY], timeout_s=30)
+            log = c.get(task.id).log_path
+            assert log == str(tmp_path / "state" / "logs" / f"task-{task.id}.log")
+            show = freeride("show", task.id, "--agent", socket)
+            assert log in show.stdout, show.stdout
+            res = freeride("logs", task.id, "--agent", socket)
+            assert (res.returncode, res.stdout) == (0, ""), res.stderr
+            assert res.stderr == f"task {task.id} has written no output yet (its log: {log})\n"
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
