@@ -234,3 +234,17 @@ async def test_without_a_retention_period_nothing_is_pruned_and_no_timer_is_set(
     await rig.retention.start()
     assert len(rig.table.records) == 1 and not rig.timers.pending()
     await rig.close()
+
+
+@in_loop
+async def test_rm_refuses_every_unfinished_task_paused_included_and_keeps_its_files(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    unfinished = [await rig.add(state, 30 * DAY_S) for state in
+                  (TaskState.SUBMITTED, TaskState.STARTING, TaskState.READY, TaskState.RUNNING, TaskState.PAUSED)]
+    for rec in unfinished:
+        with pytest.raises(InvalidStateError) as err:
+            await rig.retention.remove(rec)
+        assert str(err.value) == (f"task {rec.id} is {rec.state.value}; cancel it first "
+                                  f"(`freeride cancel {rec.id}`), then remove it")
+    assert len(rig.table.records) == 5 and len(rig.files()) == 15
+    await rig.close()
