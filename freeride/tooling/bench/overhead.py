@@ -88,29 +88,28 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         side_args.setdefault("step_ms", str(ns.side_step_ms))
         side_args.setdefault("size", "256" if cpu else "4096")
     edges = ["off"] if cpu else (list(EDGE_MODES) if ns.edge_sync == "all" else [ns.edge_sync])
-    runs = []
-    for mode in modes:
-        for edge in edges:
-            runs.append({"mps": mode, "edge_sync": edge, **_run_config(ns, mode, edge, shape, iterations, side_args)})
-    results = {r["mps"]: dict(r) for r in reversed(runs)}  # per MPS mode, its first edge mode's run
+    runs = [{"mps": mode, "edge_sync": edge, **_run_config(ns, mode, edge, shape, iterations, side_args)}
+            for mode in modes for edge in edges]
+    device_name = runs[0]["device_name"]
     for r in runs:
-        r.pop("device_name", None)
-    first = results[modes[0]]
-    first.pop("mps")
+        del r["device_name"]
+
+    def first_run(mps: str) -> dict[str, Any]:
+        """The figures of this MPS mode's first edge mode, without the mode itself."""
+        return {k: v for k, v in next(r for r in runs if r["mps"] == mps).items() if k != "mps"}
+
     out: dict[str, Any] = {
         "benchmark": "overhead",
         "device": ns.device,
-        "device_name": first.pop("device_name"),
+        "device_name": device_name,
         "representative": not cpu,
         "note": "CPU smoke test: not representative of a GPU" if cpu else "",
         "schedule": "1F1B", "p": ns.stages, "m": ns.microbatches, "stage": ns.stage, **shape,
         "iterations": iterations, "side_task": ns.side_task, "side_args": side_args,
-        "mps": modes[0], **first, "runs": runs,
+        "mps": modes[0], **first_run(modes[0]), "runs": runs,
     }
-    if "start" in results and modes[0] != "start":
-        results["start"].pop("device_name", None)
-        results["start"].pop("mps", None)
-        out["with_mps"] = results["start"]
+    if "start" in modes and modes[0] != "start":
+        out["with_mps"] = first_run("start")
     return out
 
 
