@@ -244,6 +244,7 @@ def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:
             events=g.events,
             prediction_error_p50=g.prediction_error_p50,
             uptime_s=g.uptime_ns / 1e9,
+            training_s=g.training_ns / 1e9,
             dropped_events=g.dropped_events,
             rejected_events=g.rejected_events,
             trainer_free_memory_bytes=g.trainer_free_memory_bytes,

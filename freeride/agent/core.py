@@ -43,6 +43,7 @@ from freeride.agent.supervisor import Launcher, Supervisor
 from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
 from freeride.agent.timers import TimerHandle
 from freeride.agent.trainers import TrainerStream
+from freeride.agent.training import TrainingTime
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
 from freeride.core.private import private_dir
@@ -78,6 +79,7 @@ class Agent:
         self.streams: list[TrainerStream] = []  # one per trainer stream open now
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
+        self.training = TrainingTime(clock)  # time with a trainer stream open, into the ledger
         self.scheduler = Scheduler(
             clock,
             self._call_at,
@@ -90,7 +92,7 @@ class Agent:
             on_fit=lambda task_id, estimate_ns, longest_ns: self.supervisor.fit(task_id, estimate_ns, longest_ns),
         )
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
-                           lambda: dataclasses.replace(self.scheduler.gpu))
+                           lambda: dataclasses.replace(self.training.fold(self.scheduler.gpu)))
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
         # the submits' reference checks, at the workers' placement, killed at shutdown
         self.checks = RefChecks(config.check_timeout_s, placement_env=check_env)
@@ -247,7 +249,7 @@ class Agent:
         for stream in self.streams:  # edges written before the call count in its answer
             if stream.take is not None:
                 stream.take()
-        s, g = self.scheduler, self.scheduler.gpu
+        s, g = self.scheduler, self.training.fold(self.scheduler.gpu)
         memory = self.memory.telemetry([w.pid for w in self.table.workers()], s.trainer_free_memory_bytes,
                                        self.table.reserved_bytes, self.table.waiting_count())
         gpu = GpuStats(
@@ -259,7 +261,7 @@ class Agent:
             trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
             trainer_streams=tuple(dataclasses.replace(t, take=None) for t in self.streams),
             event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
-            event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory,
+            event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
         )
         return Stats(gpu, [self.info(r) for r in self.table.records.values()])
 
@@ -273,6 +275,7 @@ class Agent:
     def trainer_opened(self, stream: TrainerStream) -> None:
         """Keep the stream's record and say so to watchers (`top`, tests): no poll needed to see one come."""
         self.streams.append(stream)
+        self.training.opened()
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
 
     def trainer_moved(self, stream: TrainerStream) -> None:
@@ -281,6 +284,8 @@ class Agent:
 
     def trainer_closed(self, stream: TrainerStream) -> None:
         self.streams.remove(stream)
+        self.training.closed(self.scheduler.gpu)
+        self.store.mark_dirty(set(), ledger=True)
         self.events.publish(TrainerChanged(self.clock(), False, stream.peer, len(self.streams), stream.path))
 
     def on_bubble(self, edge: Edge) -> None:

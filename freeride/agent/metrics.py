@@ -124,6 +124,8 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     add_counter("freeride_harvested_seconds", "Bubble time spent in side-task steps that ended in time.", g.harvested_s)
     add_counter("freeride_overrun_seconds", "Side-task step time past the end of a bubble.", g.overrun_s)
     add_counter("freeride_overrun_steps", "Side-task steps that ended after their bubble.", g.overrun_steps)
+    add_counter("freeride_training_seconds", "Time a trainer stream was open: the training the side tasks ran "
+                "beside, the time a training slowdown applies to.", g.training_s)
     add_counter("freeride_steps", "Side-task steps run in bubbles.", g.steps)
     add_counter("freeride_windows", "Bubble windows granted and accounted.", g.windows)
     add_counter("freeride_bubble_events", "Bubble edges received from trainers.", g.events)

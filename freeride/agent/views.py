@@ -48,6 +48,7 @@ class GpuStats:
     event_delay_ns_p50: float
     event_delay_ns_p99: float
     memory: GpuMemory
+    training_ns: int = 0  # time with a trainer stream open, from the ledger
     trainer_streams: tuple[TrainerStream, ...] = ()  # copies, one per stream open now
 
 

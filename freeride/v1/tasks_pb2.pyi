@@ -142,7 +142,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "windows_granted", "memory", "trainer_streams")
+    __slots__ = ("gpu", "bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "events", "prediction_error_p50", "uptime_s", "dropped_events", "trainers", "event_delay_us_p50", "event_delay_us_p99", "rejected_events", "trainer_free_memory_bytes", "windows_granted", "memory", "trainer_streams", "training_s")
     GPU_FIELD_NUMBER: _ClassVar[int]
     BUBBLES_FIELD_NUMBER: _ClassVar[int]
     BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class GpuStats(_message.Message):
     WINDOWS_GRANTED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_S_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     bubbles: int
     bubble_s: float
@@ -183,7 +184,8 @@ class GpuStats(_message.Message):
     windows_granted: int
     memory: GpuMemory
     trainer_streams: _containers.RepeatedCompositeFieldContainer[TrainerStream]
-    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ..., trainer_streams: _Optional[_Iterable[_Union[TrainerStream, _Mapping]]] = ...) -> None: ...
+    training_s: float
+    def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ..., trainer_streams: _Optional[_Iterable[_Union[TrainerStream, _Mapping]]] = ..., training_s: _Optional[float] = ...) -> None: ...
 
 class TrainerStream(_message.Message):
     __slots__ = ("peer", "rank", "stage", "path", "edges", "rejected", "dropped")

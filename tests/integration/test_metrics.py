@@ -6,6 +6,7 @@ What a scrape shows is what `freeride stats` shows: the same ledger read at scra
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +200,32 @@ def test_streams_of_one_rank_on_one_road_are_one_series_and_counted_together():
         ("freeride_trainer_edges_dropped_total", "0", "shm"): 3,
         ("freeride_trainer_edges_dropped_total", "1", "grpc"): 0,
     }
+
+
+def test_training_time_counts_while_a_trainer_is_connected_and_is_kept_in_the_ledger(tmp_path):
+    """The time a slowdown applies to: a stream open is training; none open is not; a restart keeps it."""
+    port = free_port()
+    state = tmp_path / "state"
+    with AgentProcess(state_dir=state, extra_args=[*FAST, "--metrics-port", str(port)]) as agent, \
+            agent.client() as client:
+        assert client.stats().gpu.training_s == 0  # no trainer yet
+        before_ns = time.monotonic_ns()
+        reporter = BubbleReporter(agent.target)
+        try:
+            assert reporter.wait_connected(10), agent.log_tail()
+            wait_for_trainers(client, 1)
+            connected_ns = time.monotonic_ns()
+            drive(agent, bubbles(3, [5.0]), rank=1)  # a second rank meanwhile: the same wall time, once
+            during = client.stats().gpu.training_s
+            closing_ns = time.monotonic_ns()
+        finally:
+            reporter.close()
+        wait_for_trainers(client, 0)
+        after_ns = time.monotonic_ns()
+        closed = client.stats().gpu.training_s
+        assert (closing_ns - connected_ns) / 1e9 <= closed <= (after_ns - before_ns) / 1e9
+        assert during <= closed
+        assert client.stats().gpu.training_s == closed  # nobody connected: the clock stands still
+        assert value(scrape(port), "freeride_training_seconds_total", gpu="0") == closed
+    with AgentProcess(state_dir=state, extra_args=FAST) as again, again.client() as client:
+        assert client.stats().gpu.training_s == pytest.approx(closed, abs=1e-9)
