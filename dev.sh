@@ -39,21 +39,27 @@ setup() {
 }
 
 # Debian packages some tests need: systemd-analyze and shellcheck check the files in deploy/, redis-server
-# runs the work-pool tests. Their tests skip (saying why) without them.
+# runs the work-pool tests, prometheus (with promtool) checks deploy/monitoring's dashboard and rules on a real
+# Prometheus. Their tests skip (saying why) without them.
 system_tools() {
     local missing=()
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     command -v shellcheck >/dev/null || missing+=(shellcheck)
     command -v redis-server >/dev/null || missing+=(redis-server)
+    { command -v prometheus && command -v promtool; } >/dev/null || missing+=(prometheus)
     [ "${#missing[@]}" -eq 0 ] && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "==> installing ${missing[*]} (Debian packages) for the deploy/ and pool tests" >&2
+        echo "==> installing ${missing[*]} (Debian packages) for the deploy/, pool and monitoring tests" >&2
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             "${missing[@]}"; } >&2 || echo "could not install ${missing[*]}: the tests that need them are skipped" >&2
-        # Debian's package starts a redis-server service; the tests start their own on a unix socket.
-        if [[ " ${missing[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null; then
-            systemctl disable --now redis-server >/dev/null 2>&1 || true
-        fi
+        # Debian's packages start a redis-server and a prometheus service; the tests start their own (a unix
+        # socket; a free loopback port).
+        local service
+        for service in redis-server prometheus; do
+            if [[ " ${missing[*]} " == *" $service "* ]] && command -v systemctl >/dev/null; then
+                systemctl disable --now "$service" >/dev/null 2>&1 || true
+            fi
+        done
     else
         echo "note: ${missing[*]} not installed (needs root and apt-get): the tests that need them are skipped" >&2
     fi
