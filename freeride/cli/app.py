@@ -21,6 +21,7 @@ from freeride.cli import _agents, commands, manage
 from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import top as top_view
+from freeride.cli import value as value_cli
 from freeride.cli.common import printable, seconds, whole
 from freeride.core.paths import socket_access_problem
 from freeride.errors import FreerideError
@@ -108,8 +109,9 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=commands.cmd_doctor)
 
-    st = sub.add_parser("stats", help="harvested GPU time per task and per GPU")
+    st = sub.add_parser("stats", help="harvested GPU time per task and per GPU, in GPU-hours and what they are worth")
     add_agent_args(st)
+    value_cli.add_args(st)
     st.set_defaults(func=commands.cmd_stats)
 
     top = sub.add_parser("top", help="a live view of tasks and GPUs (Ctrl-C to quit)")

@@ -28,6 +28,7 @@ from freeride.cli.common import (
     whole,
 )
 from freeride.cli.multi import STATE_NAMES
+from freeride.cli.value import WORTH_COLUMNS, Pricing, Worth, gpu_hours
 from freeride.client import AgentClient
 from freeride.core.secrets import mask
 from freeride.core.units import format_seconds, format_size, parse_size
@@ -310,9 +311,10 @@ def cmd_health(ns: argparse.Namespace) -> int:
 
 
 def cmd_stats(ns: argparse.Namespace) -> int:
+    pricing = Pricing.from_args(ns)
     agents = _agents.resolve(ns)
     if agents.multi or ns.json:
-        return multi.cmd_stats(ns, agents)
+        return multi.cmd_stats(ns, agents, pricing)
     with one_client(ns) as c:
         stats = c.stats()
     g = stats.gpu
@@ -328,18 +330,24 @@ def cmd_stats(ns: argparse.Namespace) -> int:
     con.print(_memory_table(g.memory))
     if g.trainer_streams:
         con.print(_trainers_table(g.trainer_streams))
-    tt = table("tasks", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns", "step p95",
-               "memory", "progress")
+    worth = Worth.of(g.harvested_s, g.training_s, pricing)
+    wt = table("harvest in GPU-hours", *WORTH_COLUMNS)
+    wt.add_row(*worth.cells())
+    con.print(wt)
+    tt = table("tasks", "id", "name", "state", "steps", "harvested", "GPU-h", "share of bubbles", "overruns",
+               "step p95", "memory", "progress")
     for t in stats.tasks:
         cnt = t.counters
         tt.add_row(
             t.id, t.spec.name, STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
-            f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
+            gpu_hours(cnt.harvested_s / 3600), f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
             f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
             f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
             progress_text(t.progress),
         )
     con.print(tt)
+    for line in worth.notes():
+        con.print(line, highlight=False)
     return 0
 
 

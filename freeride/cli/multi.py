@@ -16,6 +16,7 @@ import grpc
 
 from freeride.cli import _agents
 from freeride.cli.common import console, message_dict, print_json, printable, table
+from freeride.cli.value import WORTH_COLUMNS, Pricing, Worth, gpu_hours
 from freeride.core.paths import socket_access_problem
 from freeride.core.units import format_seconds
 from freeride.v1 import tasks_pb2
@@ -42,13 +43,18 @@ def trainers_text(count: int, paths: Mapping[str, int]) -> str:
     return f"{count} ({', '.join(f'{n} {p}' for p, n in used)})"
 
 
-def stats_dict(stats: tasks_pb2.StatsResponse) -> dict[str, Any]:
+def stats_dict(stats: tasks_pb2.StatsResponse, pricing: Pricing | None = None) -> dict[str, Any]:
     """One agent's stats as `--json` prints them: efficiency added for the GPU and for each task (its share of
-    the bubble time)."""
+    the bubble time), GPU-hours for each, and the GPU's `worth` (freeride.cli.value)."""
+    pricing = pricing or Pricing()
     out = message_dict(stats)
     out["gpu"]["efficiency"] = _ratio(stats.gpu.harvested_s, stats.gpu.bubble_s)
+    out["gpu"]["worth"] = Worth.of(stats.gpu.harvested_s, stats.gpu.training_s, pricing).as_dict()
     for t, info in zip(out["tasks"], stats.tasks, strict=True):
         t["counters"]["efficiency"] = _ratio(info.counters.harvested_s, stats.gpu.bubble_s)
+        t["counters"]["harvested_gpu_hours"] = info.counters.harvested_s / 3600
+        if pricing.gpu_hour_price is not None:
+            t["counters"]["value"] = info.counters.harvested_s / 3600 * pricing.gpu_hour_price
     return out
 
 
@@ -56,22 +62,24 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def totals(stats: list[tasks_pb2.StatsResponse]) -> dict[str, Any]:
-    """Sums over agents; efficiency is harvested over bubble time of all of them."""
+def totals(stats: list[tasks_pb2.StatsResponse], pricing: Pricing | None = None) -> dict[str, Any]:
+    """Sums over agents; efficiency is harvested over bubble time of all of them; `worth` their GPU-hours."""
     out: dict[str, Any] = {"agents": len(stats), "tasks": sum(len(s.tasks) for s in stats)}
-    for name in ("bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "trainers"):
+    for name in ("bubbles", "bubble_s", "harvested_s", "overrun_s", "overrun_steps", "steps", "windows", "trainers",
+                 "training_s"):
         out[name] = sum(getattr(s.gpu, name) for s in stats)
     out["trainer_paths"] = trainer_paths(t for s in stats for t in s.gpu.trainer_streams)
     out["efficiency"] = _ratio(out["harvested_s"], out["bubble_s"])
+    out["worth"] = Worth.of(out["harvested_s"], out["training_s"], pricing or Pricing()).as_dict()
     return out
 
 
-def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
+def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet, pricing: Pricing) -> int:
     rows = list(_agents.each(ns, agents, lambda c: c.stats()))
     stats = [s for _, s in rows]
-    total = totals(stats)
+    total = totals(stats, pricing)
     if ns.json:
-        print_json({"agents": [{**stats_dict(s), "agent": target} for target, s in rows], "total": total})
+        print_json({"agents": [{**stats_dict(s, pricing), "agent": target} for target, s in rows], "total": total})
         return 0
     con = console()
     gt = table(f"{len(rows)} agents", "gpu", "agent", "trainers", "bubbles", "bubble time", "harvested", "efficiency",
@@ -92,16 +100,26 @@ def cmd_stats(ns: argparse.Namespace, agents: _agents.AgentSet) -> int:
         f"{total['overrun_steps']} ({format_seconds(total['overrun_s'])})", str(total["tasks"]),
     )
     con.print(gt)
-    tt = table("tasks", "gpu", "id", "name", "state", "steps", "harvested", "share of bubbles", "overruns")
+    wt = table("harvest in GPU-hours", "gpu", "agent", *WORTH_COLUMNS)
+    for target, s in rows:
+        wt.add_row(str(s.gpu.gpu), target, *Worth.of(s.gpu.harvested_s, s.gpu.training_s, pricing).cells())
+    wt.add_section()
+    worth = Worth.of(total["harvested_s"], total["training_s"], pricing)
+    wt.add_row("all", "", *worth.cells())
+    con.print(wt)
+    tt = table("tasks", "gpu", "id", "name", "state", "steps", "harvested", "GPU-h", "share of bubbles", "overruns")
     for _, s in rows:
         for t in s.tasks:
             cnt = t.counters
             tt.add_row(
                 str(s.gpu.gpu), t.id, t.spec.name, STATE_NAMES[t.state], str(cnt.steps),
-                format_seconds(cnt.harvested_s), f"{_ratio(cnt.harvested_s, s.gpu.bubble_s):.1%}",
+                format_seconds(cnt.harvested_s), gpu_hours(cnt.harvested_s / 3600),
+                f"{_ratio(cnt.harvested_s, s.gpu.bubble_s):.1%}",
                 f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})",
             )
     con.print(tt)
+    for line in worth.notes():
+        con.print(line, highlight=False)
     return 0
 
 

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import FAST, TASKS, spec
+from conftest import FAST, TASKS, bubbles, drive, spec
 
-from freeride.tooling.harness import AgentProcess, wait_for_task, wait_for_trainers
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task, wait_for_trainers
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -311,3 +311,44 @@ def test_show_hides_a_password_in_the_task_arguments(agent, client):
     shown = freeride("show", task.id, "--agent", agent.socket)
     assert shown.returncode == 0, shown.stderr
     assert "s3cret" not in shown.stdout and "marker=redis://:***@redis-host:6379/0/thumbs" in shown.stdout
+
+
+def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slowdown(agent, client):
+    """GPU-hours per task, per GPU and in total; the value at a price; the net only where a slowdown is declared."""
+    wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
+    with WindowCollector(client) as windows:
+        drive(agent, bubbles(4, [20.0]))  # a trainer rank reports, then ends its stream
+        windows.wait_for_all(client)  # every window accounted, the stream closed: the figures stand still
+    g = client.stats().gpu
+    assert g.harvested_s > 0 and g.training_s > 0
+
+    out = json.loads(freeride("stats", "--json", "--agent", agent.socket, "--gpu-hour-price", "3",
+                              "--training-slowdown", "1%").stdout)
+    worth = out["agents"][0]["gpu"]["worth"]
+    lost_h = g.training_s / 3600 * 0.01 / 1.01
+    harvested_h = g.harvested_s / 3600
+    assert worth == {
+        "harvested_gpu_hours": pytest.approx(harvested_h), "training_gpu_hours": pytest.approx(g.training_s / 3600),
+        "gpu_hour_price": 3.0, "training_slowdown": 0.01, "slowdown_gpu_hours": pytest.approx(lost_h),
+        "value": pytest.approx(harvested_h * 3), "net_value": pytest.approx((harvested_h - lost_h) * 3),
+        "slowdown_measured": True,
+    }
+    assert out["total"]["worth"] == worth  # one agent: the total is its own
+    counters = out["agents"][0]["tasks"][0]["counters"]
+    assert counters["harvested_gpu_hours"] == pytest.approx(counters["harvested_s"] / 3600)
+    assert counters["value"] == pytest.approx(counters["harvested_s"] / 3600 * 3)
+
+    # No slowdown declared (the price from its environment twin): the net value is unknown, and said to be.
+    table = freeride("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="3"))
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    assert "harvest in GPU-hours" in table.stdout and "not measured" in table.stdout
+    assert "slowdown not measured: net value unknown" in table.stdout
+    worth = json.loads(freeride("stats", "--json", "--agent", agent.socket,
+                                env=_env(FREERIDE_GPU_HOUR_PRICE="3")).stdout)["total"]["worth"]
+    assert worth["value"] == pytest.approx(g.harvested_s / 3600 * 3)
+    assert worth["net_value"] is None and worth["slowdown_measured"] is False
+
+    line = assert_usage_error(freeride("stats", "--agent", agent.socket, "--training-slowdown", "7"))
+    assert "--training-slowdown '7'" in line and "between 0 and 1" in line
+    line = assert_usage_error(freeride("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="x")))
+    assert "FREERIDE_GPU_HOUR_PRICE 'x'" in line
