@@ -150,7 +150,7 @@ def instrument(
                         int(getattr(engine, "micro_batches", 0) or 0))
     if reporter is None:
         reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)), pipeline=pipeline)
-    elif not reporter.pipeline.schedule:
+    elif isinstance(reporter, BubbleReporter) and not reporter.pipeline.schedule:
         reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))

@@ -279,7 +279,7 @@ def instrument(
     if reporter is None:
         first = stages[0]
         reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)), pipeline=pipeline)
-    elif not reporter.pipeline.schedule:
+    elif isinstance(reporter, BubbleReporter) and not reporter.pipeline.schedule:
         reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
