@@ -21,6 +21,7 @@ from freeride.agent.events import (
     Steps,
     TaskChanged,
     TaskView,
+    TrainerDeclaration,
     Waiting,
     WindowAccounted,
     WindowDone,
@@ -128,7 +129,12 @@ _BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
 def edge_from_pb(ev: trainer_pb2.BubbleEvent) -> Edge:
     """An edge that limits.edge_ok accepted (its edge is START or END)."""
     return Edge(ev.edge == _START, ev.kind != _BETWEEN_STEPS, ev.rank, ev.slot, ev.iteration, ev.time_ns,
-                ev.expected_duration_ns, ev.free_memory_bytes)
+                ev.expected_duration_ns, ev.free_memory_bytes, ev.kind)
+
+
+def declaration_from_pb(hello: trainer_pb2.TrainerHello) -> TrainerDeclaration:
+    return TrainerDeclaration(hello.rank, hello.stage, hello.schedule, hello.stages, hello.microbatches,
+                              hello.stages_per_rank)
 
 
 # -- workers ---------------------------------------------------------------------------------------
@@ -192,13 +198,19 @@ def window_to_pb(w: WindowRecord) -> tasks_pb2.WindowRecord:
 
 def bubble_to_pb(b: BubbleSpan) -> tasks_pb2.BubbleSpan:
     return tasks_pb2.BubbleSpan(rank=b.rank, slot=b.slot, iteration=b.iteration, start_ns=b.start_ns,
-                                end_ns=b.end_ns, predicted_ns=b.predicted_ns)
+                                end_ns=b.end_ns, predicted_ns=b.predicted_ns, kind=b.kind)
+
+
+def declaration_to_pb(d: TrainerDeclaration) -> tasks_pb2.TrainerDeclaration:
+    return tasks_pb2.TrainerDeclaration(rank=d.rank, stage=d.stage, schedule=d.schedule, stages=d.stages,
+                                        microbatches=d.microbatches, stages_per_rank=d.stages_per_rank)
 
 
 def history_to_pb(h: History) -> tasks_pb2.TimelineResponse:
     return tasks_pb2.TimelineResponse(
         gpu=h.gpu, now_ns=h.now_ns, bubbles=[bubble_to_pb(b) for b in h.bubbles],
         windows=[window_to_pb(w) for w in h.windows], tasks=[task_to_pb(t) for t in h.tasks],
+        trainers=[declaration_to_pb(d) for d in h.trainers],
     )
 
 

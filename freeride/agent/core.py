@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping
 
 from freeride.agent.config import AgentConfig
@@ -26,6 +27,7 @@ from freeride.agent.events import (
     TaskChanged,
     TaskView,
     TrainerChanged,
+    TrainerDeclaration,
     WindowAccounted,
     WindowRecord,
     WorkerMessage,
@@ -54,6 +56,8 @@ from freeride.gpu.control import GpuControl, cpu_only
 
 log = logging.getLogger("freeride.agent")
 
+_MAX_DECLARED = 1024  # ranks whose hello is kept
+
 
 class Agent:
     def __init__(
@@ -77,6 +81,9 @@ class Agent:
         self.events = Hub()
         self.table = TaskTable(self._changed)
         self.streams: list[TrainerStream] = []  # one per trainer stream open now
+        # Each rank's last hello, kept after its stream ends so that `freeride profile` of a finished job
+        # knows the schedule of the bubbles still in the history (bounded: the oldest rank is forgotten).
+        self.declared: OrderedDict[int, TrainerDeclaration] = OrderedDict()
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
         self.training = TrainingTime(clock)  # time with a trainer stream open, into the ledger
@@ -269,7 +276,7 @@ class Agent:
         bubbles, windows = self.scheduler.history(since_ns)
         named = {share.task_id for w in windows for share in w.shares}
         tasks = [self.info(self.table.records[i]) for i in sorted(named) if i in self.table.records]
-        return History(self.config.gpu, self.clock(), bubbles, windows, tasks)
+        return History(self.config.gpu, self.clock(), bubbles, windows, tasks, list(self.declared.values()))
 
     # -- trainers --------------------------------------------------------------------------------
     def trainer_opened(self, stream: TrainerStream) -> None:
@@ -277,6 +284,13 @@ class Agent:
         self.streams.append(stream)
         self.training.opened()
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
+
+    def trainer_declared(self, declaration: TrainerDeclaration) -> None:
+        """A rank said hello: keep what it declared of its pipeline (the newest hello of a rank wins)."""
+        self.declared.pop(declaration.rank, None)
+        self.declared[declaration.rank] = declaration
+        if len(self.declared) > _MAX_DECLARED:
+            self.declared.popitem(last=False)
 
     def trainer_moved(self, stream: TrainerStream) -> None:
         """The stream's edges changed road (its ring was attached)."""

@@ -27,6 +27,7 @@ class Edge(NamedTuple):
     time_ns: int
     expected_duration_ns: int = 0  # hint; 0: not given
     free_memory_bytes: int = 0  # hint; 0: not given
+    kind: int = 0  # the trainer's freeride.v1.BubbleKind (fill, warm-up, drain, cool-down); 0: not said
 
 
 # -- from workers ----------------------------------------------------------------------------------
@@ -144,6 +145,18 @@ class BubbleSpan(NamedTuple):
     start_ns: int
     end_ns: int
     predicted_ns: int  # 0: no prediction yet (the slot was still being learned)
+    kind: int = 0  # the trainer's freeride.v1.BubbleKind; 0: not said
+
+
+class TrainerDeclaration(NamedTuple):
+    """What a training rank said of its pipeline in its hello (freeride.trainer.Pipeline)."""
+
+    rank: int
+    stage: int
+    schedule: str  # "": not declared
+    stages: int  # p; 0: not declared
+    microbatches: int  # m; 0: not declared
+    stages_per_rank: int  # v; 0 or 1: one
 
 
 # -- to watchers -----------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ class _Bubble:
     window: Window | None
     rank: int = 0
     end_ns: int = 0
+    kind: int = 0
 
 
 @dataclass
@@ -179,7 +180,7 @@ class Scheduler:
         predicted = self._predictor(ev.rank, ev.slot).predict_ns()
         if predicted is None and ev.expected_duration_ns > 0:
             predicted = ev.expected_duration_ns
-        bubble = _Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None, ev.rank)
+        bubble = _Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None, ev.rank, kind=ev.kind)
         self._bubbles[ev.rank] = bubble
         if predicted is None or self._current is not None:
             return
@@ -473,7 +474,7 @@ class Scheduler:
         """The kept bubbles and accounted windows that end after `since_ns`; the newest windows'
         shares carry their steps, up to `max_steps` in all (the answer must fit one gRPC message)."""
         bubbles = [
-            BubbleSpan(b.rank, b.slot, b.iteration, b.start_ns, b.end_ns, b.predicted_ns or 0)
+            BubbleSpan(b.rank, b.slot, b.iteration, b.start_ns, b.end_ns, b.predicted_ns or 0, b.kind)
             for b in self.bubble_history if b.end_ns > since_ns
         ]
         windows = []

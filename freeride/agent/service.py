@@ -13,6 +13,7 @@ import grpc
 
 from freeride.agent.convert import (
     control_to_pb,
+    declaration_from_pb,
     delete_to_pb,
     edge_from_pb,
     event_to_pb,
@@ -182,6 +183,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     await reject(context, batch)
                 if batch.HasField("hello") and ring is None:
                     stream.rank, stream.stage = batch.hello.rank, batch.hello.stage
+                    agent.trainer_declared(declaration_from_pb(batch.hello))
                     ranks.add(stream.rank)
                     ring = self._ring_for(batch.hello, stream)
                     await context.write(trainer_pb2.TrainerWelcome(

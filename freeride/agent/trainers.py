@@ -60,5 +60,5 @@ def take_records(
             continue
         stream.edges += 1
         on_edge(Edge(r.edge == EDGE_START, r.kind != _BETWEEN_STEPS, rank, r.slot, r.iteration, r.time_ns,
-                     r.expected_duration_ns, r.free_memory_bytes))
+                     r.expected_duration_ns, r.free_memory_bytes, r.kind))
     return rejected

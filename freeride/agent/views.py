@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from freeride.agent.events import BubbleSpan, TaskView, WindowRecord
+from freeride.agent.events import BubbleSpan, TaskView, TrainerDeclaration, WindowRecord
 from freeride.agent.trainers import TrainerStream
 from freeride.gpu.control import GpuSnapshot
 
@@ -67,3 +67,4 @@ class History:
     bubbles: list[BubbleSpan]
     windows: list[WindowRecord]
     tasks: list[TaskView]  # the tasks the windows name
+    trainers: list[TrainerDeclaration] = field(default_factory=list)  # each rank's last hello

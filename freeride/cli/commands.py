@@ -8,9 +8,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from grpc_health.v1 import health_pb2
 
@@ -33,6 +33,8 @@ from freeride.client import AgentClient
 from freeride.core.secrets import mask
 from freeride.core.units import format_seconds, format_size, parse_size
 from freeride.v1 import tasks_pb2
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -198,6 +200,12 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 # -- client commands ------------------------------------------------------------------------------
 def one_client(ns: argparse.Namespace) -> AgentClient:
     return _agents.one(ns)
+
+
+def each_agent(ns: argparse.Namespace, call: Callable[[AgentClient], T]) -> Iterator[tuple[str, T]]:
+    """(target, answer) of every agent the command addresses (--agent, --gpu, repeated --agent, --all); with
+    several, one that does not answer is skipped with a warning."""
+    return _agents.each(ns, _agents.resolve(ns), call)
 
 
 def task_args(pairs: Iterable[str]) -> dict[str, str]:

@@ -30,9 +30,9 @@ from freeride.core.cpu import apply_from_env
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
-from freeride.sdk._estimate import StepEstimator
 from freeride.sdk._loader import bind_args, load_class
 from freeride.sdk._progress import BoundedProgress
+from freeride.sdk.estimate import StepEstimator
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc

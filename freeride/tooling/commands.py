@@ -1,4 +1,4 @@
-"""The tooling's commands in the `freeride` CLI: bench, demo, gpu-check, timeline."""
+"""The tooling's commands in the `freeride` CLI: bench, demo, gpu-check, profile, timeline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from freeride.tooling import timeline
 from freeride.tooling.bench import cli as bench_cli
 from freeride.tooling.demo import plan as demo_plan
 from freeride.tooling.gpucheck import cli as gpucheck_cli
+from freeride.tooling.profile import cli as profile_cli
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    profile_cli.add_parser(sub, add_agent_args)
     timeline.add_parser(sub, add_agent_args)
     b = sub.add_parser("bench", help="benchmarks (JSON on stdout)")
     bench_cli.add_parsers(subcommands(b, "bench"))

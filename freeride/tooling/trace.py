@@ -11,6 +11,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from freeride.tooling.whatif import Bubble
 from freeride.v1 import trainer_pb2
 
 FILL, WARMUP, DRAIN, COOLDOWN = (
@@ -123,3 +124,16 @@ def load(path: Path) -> list[list[Segment]]:
         return [[Segment(**seg) for seg in it] for it in raw]
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot read trace {path}: {exc}") from None
+
+
+def bubbles_of(stage_trace: list[list[Segment]], start_ns: int = 0) -> list[Bubble]:
+    """A stage's trace laid out in time from `start_ns`: its bubbles, as `freeride.tooling.whatif` replays them."""
+    out = []
+    t = start_ns
+    for iteration, segments in enumerate(stage_trace):
+        for seg in segments:
+            length = int(seg.duration_s * 1e9)
+            if seg.bubble:
+                out.append(Bubble(seg.slot, iteration, t, t + length, seg.kind))
+            t += length
+    return out

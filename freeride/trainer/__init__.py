@@ -10,6 +10,6 @@ package, the core utilities and the generated messages.
 """
 
 from freeride.trainer._connect import agent_address, connect
-from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.reporter import BubbleReporter, Pipeline
 
-__all__ = ["BubbleReporter", "agent_address", "connect"]
+__all__ = ["BubbleReporter", "Pipeline", "agent_address", "connect"]

@@ -7,7 +7,7 @@ import os
 
 from freeride.core.auth import TokenError, token_from
 from freeride.core.paths import agent_target
-from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.reporter import BubbleReporter, Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,14 @@ def agent_address(address: str | None = None, gpu: int | None = None) -> str:
 
 def connect(
     address: str | None = None, *, rank: int | None = None, stage: int = 0, gpu: int | None = None,
-    token_file: str | None = None, path: str | None = None,
+    token_file: str | None = None, path: str | None = None, pipeline: Pipeline | None = None,
 ) -> BubbleReporter:
     """A reporter for this rank. Never fails: with no agent, edges are dropped (one warning).
 
     An agent reached over TCP wants its token: `token_file`, else $FREERIDE_TOKEN_FILE. `path`
     ("auto" or "grpc", else $FREERIDE_BUBBLE_PATH, else "auto"): "auto" takes the agent's
     shared-memory ring when the agent is on this host, "grpc" keeps the edges on the gRPC stream.
+    `pipeline`: the schedule, p and m this rank declares (`freeride profile` sets its theory beside them).
     """
     if rank is None:
         raw = os.environ.get("RANK", "0")
@@ -57,4 +58,4 @@ def connect(
     except TokenError as exc:
         log.warning("%s; reporting without a token (an agent on TCP will refuse it)", exc)
         token = None
-    return BubbleReporter(target, rank=rank, stage=stage, token=token, path=path)
+    return BubbleReporter(target, rank=rank, stage=stage, token=token, path=path, pipeline=pipeline)

@@ -25,7 +25,7 @@ from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
 from freeride.trainer.edges import clock_for, resolve_mode
-from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.reporter import BubbleReporter, Pipeline
 from freeride.trainer.waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
 
 TESTED_DEEPSPEED = ">=0.19,<0.20"
@@ -145,8 +145,13 @@ def instrument(
         )
     device = getattr(engine, "device", None)
     resolve_mode(device, edge_sync, sync_cuda)  # a bad edge_sync is refused before anything is connected
+    # DeepSpeed's PipelineEngine runs its TrainSchedule: 1F1B over `micro_batches`.
+    pipeline = Pipeline("1F1B", int(getattr(engine, "num_stages", 0) or 0),
+                        int(getattr(engine, "micro_batches", 0) or 0))
     if reporter is None:
-        reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)))
+        reporter = connect(agent, stage=int(getattr(engine, "stage_id", 0)), pipeline=pipeline)
+    elif isinstance(reporter, BubbleReporter) and not reporter.pipeline.schedule:
+        reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
     inst = DeepSpeedInstrumentation(engine, tracker)

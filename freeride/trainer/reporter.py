@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -37,6 +38,16 @@ END = trainer_pb2.BUBBLE_EDGE_END
 assert (START, END) == (EDGE_START, EDGE_END)  # the ring carries the same numbers
 PATHS = ("auto", "grpc")
 _MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What a rank declares of its pipeline in its hello, for `freeride profile`'s theory (docs/profile.md)."""
+
+    schedule: str = ""  # the schedule's name: "1F1B", "GPipe", "Interleaved1F1B", ... ("": not declared)
+    stages: int = 0  # p: ranks in the pipeline (0: not declared)
+    microbatches: int = 0  # m: micro-batches per iteration (0: not declared)
+    stages_per_rank: int = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
 
 
 class BubbleReporter:
@@ -60,6 +71,7 @@ class BubbleReporter:
         reconnect_max_s: float = 5.0,
         token: str | None = None,
         path: str | None = None,
+        pipeline: Pipeline | None = None,
     ) -> None:
         if path is None:  # never fail a training job over an environment variable: warn, take the default
             path = os.environ.get("FREERIDE_BUBBLE_PATH") or "auto"
@@ -72,6 +84,8 @@ class BubbleReporter:
         self._token = token  # the agent's bearer token when it is reached over TCP
         self.rank = rank
         self.stage = stage
+        # Said in every hello (set it before the first edge; a change takes effect at the next reconnect).
+        self.pipeline = pipeline or Pipeline()
         self.iteration = 0
         self._sent = 0  # over gRPC
         self._dropped = 0  # by the gRPC queue, or while no agent is there
@@ -232,9 +246,11 @@ class BubbleReporter:
 
     def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
         ring, mask = self._ring, self._mask
+        pipe = self.pipeline
         yield trainer_pb2.BubbleBatch(
             hello=trainer_pb2.TrainerHello(rank=self.rank, stage=self.stage, shared_memory=self._want_ring,
-                                        ring_records=self._mask + 1)
+                                        ring_records=self._mask + 1, schedule=pipe.schedule, stages=pipe.stages,
+                                        microbatches=pipe.microbatches, stages_per_rank=pipe.stages_per_rank)
         )
         while generation == self._generation:
             if self._head == self._tail:

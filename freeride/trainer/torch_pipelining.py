@@ -33,7 +33,7 @@ from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
 from freeride.trainer.edges import clock_for, resolve_mode
-from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.reporter import BubbleReporter, Pipeline
 from freeride.trainer.waits import BWD, FWD, BubbleRecord, Instrumented, WaitTracker, restore_attribute
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,15 @@ def _stages_of(schedule: Any) -> list[Any]:
     return list(stages)
 
 
+def declared_pipeline(schedule: Any, stages: list[Any]) -> Pipeline:
+    """The schedule's name (`ScheduleInterleaved1F1B` -> "Interleaved1F1B"), p (the pipeline group's ranks), m and
+    the stages this rank holds, as its hello declares them; what the schedule does not say is left 0."""
+    name = type(schedule).__name__.removeprefix("Schedule")
+    ranks = int(getattr(stages[0], "group_size", 0) or 0)
+    microbatches = int(getattr(schedule, "_n_microbatches", 0) or 0)
+    return Pipeline(name, ranks, microbatches, len(stages))
+
+
 def instrument(
     schedule: Any,
     reporter: BubbleReporter | None = None,
@@ -266,9 +275,12 @@ def instrument(
     stages = _stages_of(schedule)
     device = getattr(stages[0], "device", None)
     resolve_mode(device, edge_sync, sync_cuda)  # a bad edge_sync is refused before anything is connected
+    pipeline = declared_pipeline(schedule, stages)
     if reporter is None:
         first = stages[0]
-        reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)))
+        reporter = connect(agent, stage=int(getattr(first, "stage_index", 0)), pipeline=pipeline)
+    elif isinstance(reporter, BubbleReporter) and not reporter.pipeline.schedule:
+        reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
     inst = Instrumentation(schedule, tracker)

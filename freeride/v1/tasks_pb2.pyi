@@ -330,20 +330,38 @@ class StepSpan(_message.Message):
     def __init__(self, start_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ...) -> None: ...
 
 class BubbleSpan(_message.Message):
-    __slots__ = ("rank", "slot", "iteration", "start_ns", "end_ns", "predicted_ns")
+    __slots__ = ("rank", "slot", "iteration", "start_ns", "end_ns", "predicted_ns", "kind")
     RANK_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     rank: int
     slot: int
     iteration: int
     start_ns: int
     end_ns: int
     predicted_ns: int
-    def __init__(self, rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ...) -> None: ...
+    kind: int
+    def __init__(self, rank: _Optional[int] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., predicted_ns: _Optional[int] = ..., kind: _Optional[int] = ...) -> None: ...
+
+class TrainerDeclaration(_message.Message):
+    __slots__ = ("rank", "stage", "schedule", "stages", "microbatches", "stages_per_rank")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    STAGES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    stage: int
+    schedule: str
+    stages: int
+    microbatches: int
+    stages_per_rank: int
+    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., schedule: _Optional[str] = ..., stages: _Optional[int] = ..., microbatches: _Optional[int] = ..., stages_per_rank: _Optional[int] = ...) -> None: ...
 
 class TimelineRequest(_message.Message):
     __slots__ = ("since_ns",)
@@ -352,18 +370,20 @@ class TimelineRequest(_message.Message):
     def __init__(self, since_ns: _Optional[int] = ...) -> None: ...
 
 class TimelineResponse(_message.Message):
-    __slots__ = ("gpu", "now_ns", "bubbles", "windows", "tasks")
+    __slots__ = ("gpu", "now_ns", "bubbles", "windows", "tasks", "trainers")
     GPU_FIELD_NUMBER: _ClassVar[int]
     NOW_NS_FIELD_NUMBER: _ClassVar[int]
     BUBBLES_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    TRAINERS_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     now_ns: int
     bubbles: _containers.RepeatedCompositeFieldContainer[BubbleSpan]
     windows: _containers.RepeatedCompositeFieldContainer[WindowRecord]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
-    def __init__(self, gpu: _Optional[int] = ..., now_ns: _Optional[int] = ..., bubbles: _Optional[_Iterable[_Union[BubbleSpan, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[WindowRecord, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+    trainers: _containers.RepeatedCompositeFieldContainer[TrainerDeclaration]
+    def __init__(self, gpu: _Optional[int] = ..., now_ns: _Optional[int] = ..., bubbles: _Optional[_Iterable[_Union[BubbleSpan, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[WindowRecord, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., trainers: _Optional[_Iterable[_Union[TrainerDeclaration, _Mapping]]] = ...) -> None: ...
 
 class LogsRequest(_message.Message):
     __slots__ = ("id", "follow", "tail_lines")

@@ -6,6 +6,8 @@ import pytest
 
 from freeride.agent.convert import (
     control_to_pb,
+    declaration_from_pb,
+    declaration_to_pb,
     edge_from_pb,
     event_to_pb,
     gpu_memory_to_pb,
@@ -20,6 +22,7 @@ from freeride.agent.events import (
     Steps,
     TaskView,
     TrainerChanged,
+    TrainerDeclaration,
     Waiting,
     WindowDone,
     WindowRecord,
@@ -35,7 +38,17 @@ def test_a_bubble_edge_keeps_every_field(edge: int, start: bool) -> None:
     ev = trainer_pb2.BubbleEvent(edge=edge, slot=3, iteration=9, stage=1, rank=2, time_ns=123, expected_duration_ns=45,
                                  free_memory_bytes=678, kind=trainer_pb2.BUBBLE_KIND_WARMUP)
     assert edge_from_pb(ev) == Edge(start, True, rank=2, slot=3, iteration=9, time_ns=123, expected_duration_ns=45,
-                                    free_memory_bytes=678)
+                                    free_memory_bytes=678, kind=trainer_pb2.BUBBLE_KIND_WARMUP)
+
+
+def test_a_hello_declares_the_pipeline_and_the_timeline_says_it_back() -> None:
+    hello = trainer_pb2.TrainerHello(rank=2, stage=1, schedule="Interleaved1F1B", stages=4, microbatches=8,
+                                     stages_per_rank=2)
+    d = declaration_from_pb(hello)
+    assert d == TrainerDeclaration(2, 1, "Interleaved1F1B", 4, 8, 2)
+    back = declaration_to_pb(d)
+    assert (back.rank, back.stage, back.schedule, back.stages, back.microbatches, back.stages_per_rank) == (
+        2, 1, "Interleaved1F1B", 4, 8, 2)
 
 
 def test_a_wait_between_schedule_steps_is_not_harvestable() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
-from freeride.sdk._estimate import StepEstimator
+from freeride.sdk.estimate import StepEstimator
 from freeride.sdk.worker import _MIN_RETRY_S, _PROBE_AFTER_WINDOWS, _Gate, _gpu_index, _Shared, backoff_delays
 from freeride.v1 import worker_pb2 as pb
 

@@ -35,7 +35,7 @@ def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_bef
 
 # -- bug 5: the worker's own peak memory, not its parent's ------------------------------------------
 _REPORT_PEAK = """
-from freeride.sdk._estimate import StepEstimator
+from freeride.sdk.estimate import StepEstimator
 from freeride.sdk.worker import _Gate, _Shared
 sent = []
 gate = _Gate(_Shared(), sent.append, StepEstimator(), lambda force: None)

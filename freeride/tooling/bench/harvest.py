@@ -18,6 +18,7 @@ from typing import Any
 
 from freeride.core.stats import percentile
 from freeride.tooling import trace as tr
+from freeride.tooling import whatif
 from freeride.tooling.bench import paths, wakefloor
 from freeride.tooling.harness import (
     AgentProcess,
@@ -108,6 +109,13 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     rng = random.Random(ns.seed + 1)
     bubble_lengths = [(e - s) / 1e9 for _, s, e in bubbles]
     ideal = sum(oracle_fill(length, ns.step_ms / 1e3, ns.step_jitter_ms / 1e3, rng) for length in bubble_lengths)
+    # The same bubbles, as the trainer measured them, through the agent's scheduler on a fake clock (what
+    # `freeride profile` predicts): the two efficiencies after learning should agree within a few points.
+    kinds = [seg.kind for it in stage_trace for seg in it if seg.bubble]
+    played = [whatif.Bubble(slot, it, s, e, kind) for (slot, s, e), it, kind
+              in zip(bubbles, _iterations_of(stage_trace), kinds, strict=True)]
+    predicted = whatif.replay(played, whatif.fixed_steps(int(ns.step_ms * 1e6), int(ns.step_jitter_ms * 1e6), ns.seed),
+                              margin_ns=int(ns.margin_ms * 1e6) if ns.margin_ms is not None else None)
     g = stats.gpu
     t = stats.tasks[0].counters
     learned = [w for w in windows if w.iteration >= 2]
@@ -128,6 +136,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
         "ideal_efficiency": round(ideal / sum(bubble_lengths), 4) if bubble_lengths else 0.0,
         "efficiency_after_learning": round(steady_harvest_s / steady_bubble_s, 4) if steady_bubble_s else 0.0,
+        "whatif_efficiency_after_learning": round(predicted.share, 4),
         "steps": t.steps,
         "overrun_steps": t.overrun_steps,
         "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,

@@ -1,0 +1,81 @@
+"""A profile's input: the bubbles agents kept and what each rank declared, as one file that travels.
+
+`freeride profile --record FILE` writes it; `--from FILE` reads it anywhere (no agent, no GPU). The
+file is JSON: {"format": "freeride-profile", "version": 1, "bubbles": [...], "trainers": [...]}, one
+object per bubble and per rank, times in CLOCK_MONOTONIC nanoseconds of the host that measured them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from freeride.v1 import tasks_pb2
+
+FORMAT, VERSION = "freeride-profile", 1
+
+
+@dataclass(frozen=True)
+class RecordedBubble:
+    gpu: int
+    rank: int
+    slot: int
+    iteration: int
+    start_ns: int
+    end_ns: int
+    kind: int  # freeride.v1.BubbleKind (0: not said)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    gpu: int
+    rank: int
+    stage: int
+    schedule: str  # "": not declared
+    stages: int  # p (0: not declared)
+    microbatches: int  # m (0: not declared)
+    stages_per_rank: int = 1  # v
+
+
+@dataclass
+class Recording:
+    bubbles: list[RecordedBubble] = field(default_factory=list)
+    trainers: list[Declaration] = field(default_factory=list)
+    task_steps: dict[str, list[int]] = field(default_factory=dict)  # task id -> its recent step durations (ns)
+
+    def add_timeline(self, resp: tasks_pb2.TimelineResponse) -> None:
+        """One agent's Timeline answer (the protobuf stays here: the analysis sees domain objects)."""
+        self.bubbles.extend(RecordedBubble(resp.gpu, b.rank, b.slot, b.iteration, b.start_ns, b.end_ns, b.kind)
+                            for b in resp.bubbles)
+        self.trainers.extend(Declaration(resp.gpu, t.rank, t.stage, t.schedule, t.stages, t.microbatches,
+                                         t.stages_per_rank or 1) for t in resp.trainers)
+        for w in resp.windows:
+            for share in w.shares:
+                self.task_steps.setdefault(share.task_id, []).extend(s.duration_ns for s in share.step_spans)
+
+
+def save(path: Path, rec: Recording) -> None:
+    doc = {"format": FORMAT, "version": VERSION, "bubbles": [asdict(b) for b in rec.bubbles],
+           "trainers": [asdict(t) for t in rec.trainers], "task_steps": rec.task_steps}
+    path.write_text(json.dumps(doc))
+
+
+def load(path: Path) -> Recording:
+    """Raises ValueError with what is wrong (the CLI says it in one line)."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON ({exc}); pass a file written by `freeride profile --record`") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a freeride profile recording; pass a file written by "
+                         "`freeride profile --record`")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"{path} is a version {doc.get('version')} recording; this freeride reads version {VERSION}")
+    try:
+        return Recording([RecordedBubble(**b) for b in doc["bubbles"]], [Declaration(**t) for t in doc["trainers"]],
+                         {str(k): [int(d) for d in v] for k, v in doc.get("task_steps", {}).items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: a malformed recording ({exc})") from None

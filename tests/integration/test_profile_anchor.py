@@ -1,0 +1,24 @@
+"""The what-if agrees with `freeride bench harvest` on the anchor trace (1F1B, p=4, m=4, F=20, B=40, 5 ms steps).
+
+bench harvest replays the trace in real time through a real agent and a real worker; the profile's what-if
+replays the bubbles that same run measured through the scheduler on a fake clock. After learning, the two
+harvested shares must agree within 2 points.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_the_what_if_agrees_with_bench_harvest_on_the_anchor_trace() -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "harvest", "--schedule", "1F1B", "-p", "4",
+                          "-m", "4", "-F", "20", "-B", "40", "--stage", "1", "--step-ms", "5", "--iterations", "40",
+                          "--json"], capture_output=True, text=True, timeout=240, check=True)
+    r = json.loads(out.stdout)
+    assert r["steps"] > 0
+    assert abs(r["efficiency_after_learning"] - r["whatif_efficiency_after_learning"]) <= 0.02, r
