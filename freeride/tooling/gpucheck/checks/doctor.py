@@ -36,7 +36,8 @@ def doctor(ctx: CheckContext) -> Outcome:
         details["mps-start"] = "not run: nvidia-cuda-mps-control is not on PATH"
     fails = {name: [c for c in rep["checks"] if c["status"] == "fail"] for name, rep in reports.items()}
     # No GPU: the device checks fail, or (no driver) nvml reports CPU mode as info.
-    presence = [c for c in reports["mps-off"]["checks"] if c["name"] in _GPU_PRESENCE and c["status"] in ("fail", "info")]
+    presence = [c for c in reports["mps-off"]["checks"]
+                if c["name"] in _GPU_PRESENCE and c["status"] in ("fail", "info")]
     if presence and not ctx.fake:
         details["not_a_gpu_run"] = True
         if all(c["name"] in _GPU_PRESENCE for c in fails["mps-off"]):
