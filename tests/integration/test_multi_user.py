@@ -84,6 +84,11 @@ def test_a_password_in_a_task_argument_is_never_printed_and_only_the_task_gets_i
     masked = "redis://:***@localhost:6379/0/pool"
     assert outputs[:3] == [masked] * 3 and all(masked in out for out in outputs[4:])  # (the ls table has no args)
     assert url in (agent.state_dir / "logs" / f"task-{task.id}.log").read_text()  # the task itself got it
+    # The database keeps the URL masked; the password sits in an owner-only file of its own (docs/pools.md).
+    database = b"".join(p.read_bytes() for p in agent.state_dir.glob("freeride.db*"))
+    assert b"hunter2" not in database and masked.encode() in database
+    secret = agent.state_dir / "secrets" / f"task-{task.id}.json"
+    assert b"hunter2" in secret.read_bytes() and stat.S_IMODE(secret.stat().st_mode) == 0o600
 
 
 # As root (file modes do not stop root): the client runs as nobody, able to read and search any file (to load
