@@ -37,7 +37,7 @@ from freeride.agent.logs import TaskLogs
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.pubsub import Hub
-from freeride.agent.refcheck import RefChecks
+from freeride.agent.refcheck import RefChecks, pinned_ref
 from freeride.agent.retention import Removal, Retention
 from freeride.agent.scheduler import Scheduler, SchedulerConfig
 from freeride.agent.store import Database, Store
@@ -176,6 +176,7 @@ class Agent:
         if self.supervisor.stopping:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         check_spec(spec, self.memory.device_total_bytes())
+        spec = dataclasses.replace(spec, ref=pinned_ref(spec.ref))  # what is checked is what every start loads
         checked = await self.checks.check(spec)
         if spec.priority == 0 and checked.get("priority"):
             spec = dataclasses.replace(spec, priority=int(checked["priority"]))

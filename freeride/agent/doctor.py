@@ -27,6 +27,7 @@ FAULT_MODEL = (
     "MPS fault model: a fatal GPU fault in any MPS client reaches every client on that GPU (the trainer "
     "too, if it is a client), and the MPS server takes no new clients until they all exit"
 )
+CPU_MODE_FIX = "for GPU mode install the NVIDIA driver (libnvidia-ml.so.1); to try the GPU path here, --fake-gpu"
 FAULT_FIX = "submit untrusted tasks with `freeride submit --no-mps` (they run time-sliced, outside MPS)"
 
 
@@ -43,7 +44,10 @@ def run_checks(config: AgentConfig) -> list[Check]:
     checks: list[Check] = []
     device = _device_checks(config, checks)
     try:
-        _mps_checks(config, device, checks)
+        if _cpu_mode(checks):
+            _cpu_mode_mps_check(config, checks)
+        else:
+            _mps_checks(config, device, checks)
     finally:
         if device is not None:
             device.close()
@@ -61,10 +65,9 @@ def _device_checks(config: AgentConfig, checks: list[Check]) -> Device | None:
 
         try:
             version, count = driver_version(), device_count()
-        except NoGpuError as exc:
-            checks.append(Check("nvml", FAIL, str(exc),
-                                "install the NVIDIA driver (libnvidia-ml.so.1); without it the agent runs in CPU "
-                                "mode (memory caps on resident memory), or try it with --fake-gpu", True))
+        except NoGpuError as exc:  # no driver: CPU mode, which the agent supports (caps on resident memory)
+            checks.append(Check("nvml", INFO, f"{exc}: the agent runs in CPU mode (side tasks on the CPU, memory "
+                                f"caps on their resident memory)", CPU_MODE_FIX, True))
             return None
         except GpuError as exc:
             checks.append(Check("nvml", FAIL, str(exc), "check the driver with `nvidia-smi`", True))
@@ -92,6 +95,18 @@ def _device_checks(config: AgentConfig, checks: list[Check]) -> Device | None:
     else:
         checks.append(Check("compute-mode", OK, f"compute mode {mode}"))
     return device
+
+
+def _cpu_mode(checks: list[Check]) -> bool:
+    return any(c.name == "nvml" and c.status == INFO for c in checks)
+
+
+def _cpu_mode_mps_check(config: AgentConfig, checks: list[Check]) -> None:
+    if config.mps == "off":
+        checks.append(Check("mps", OK, "MPS off (--mps off): there is no GPU to share"))
+    else:  # the agent warns and goes on without MPS (gpu/control.py)
+        checks.append(Check("mps", WARN, f"--mps {config.mps} is ignored in CPU mode: there is no GPU",
+                            "leave --mps off on a host without a GPU"))
 
 
 def _mps_checks(config: AgentConfig, device: Device | None, checks: list[Check]) -> None:

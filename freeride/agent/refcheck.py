@@ -30,6 +30,17 @@ QUEUE_WAIT_S = 60.0
 _PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
 
 
+def pinned_ref(ref: str) -> str:
+    """A file reference (`path/file.py:Class`) with its path resolved (symlinks too) as it stands at submit, so
+    that the check and every later worker start load the same file: swapping a symlinked directory afterwards
+    does not swap the task's code. Any other reference comes back as given. The file's own content is not
+    pinned: an edit to it takes effect at the task's next worker start (docs/sidetasks.md)."""
+    path, sep, cls = ref.rpartition(":")
+    if not (sep and path.endswith(".py")):
+        return ref
+    return f"{os.path.realpath(path)}:{cls}"
+
+
 class RefChecks:
     def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS, queue_wait_s: float = QUEUE_WAIT_S,
                  placement_env: Mapping[str, str] | None = None) -> None:

@@ -1,5 +1,8 @@
 """The persistent task registry and harvest ledger: one SQLite file in the state directory.
 
+A task argument that holds a password is stored masked; its value lives in an owner-only file beside the
+database (freeride.agent.vault), written in the row's transaction and removed with the row.
+
 Used from one thread only (the agent's database thread), so no locking here. WAL mode: a
 kill -9 loses at most the transaction in flight, never a committed one.
 """
@@ -10,10 +13,11 @@ import contextlib
 import json
 import os
 import sqlite3
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.vault import SecretFiles, split
 from freeride.core.private import create_private
 from freeride.errors import FreerideError
 
@@ -53,8 +57,10 @@ class _RowError(Exception):
 
 
 class Registry:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, secrets: SecretFiles | None = None) -> None:
+        """`secrets`: where secret task arguments are kept (default: `secrets/` beside the database)."""
         self.path = path
+        self._secrets = secrets if secrets is not None else SecretFiles(path.parent / "secrets")
         try:
             os.close(create_private(path, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal and -shm the file's mode
             self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
@@ -72,6 +78,7 @@ class Registry:
             check = self._db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {check[0] if check else 'no answer'}")
+            self._move_secrets_out()
             self._verify()
         except (sqlite3.Error, _RowError) as exc:
             self._db.close()
@@ -79,6 +86,22 @@ class Registry:
                 f"state database {path} is unreadable ({exc}); move it aside to start fresh "
                 "(tasks and the harvest ledger in it would be lost)"
             ) from exc
+
+    def _move_secrets_out(self) -> None:
+        """Rows an older freeride wrote with a password in clear: the value to its secrets file, the row masked."""
+        rows = self._db.execute("SELECT id, spec FROM tasks").fetchall()
+        try:
+            found = [(str(i), spec, split(spec.get("args", {}))) for i, spec in ((i, json.loads(t)) for i, t in rows)]
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise _RowError(f"a task row is corrupt: {exc}") from exc
+        found = [f for f in found if f[2][1]]
+        if not found:
+            return
+        with self._tx():
+            for task_id, spec, (public, secret) in found:
+                self._secrets.write(task_id, {**(self._secrets.read(task_id) or {}), **secret})
+                self._db.execute("UPDATE tasks SET spec=? WHERE id=?", (json.dumps({**spec, "args": public}),
+                                                                        int(task_id)))
 
     def _verify(self) -> None:
         """Decode every row now: SQLite has no checksums, so a flipped byte in a row shows only here."""
@@ -91,11 +114,13 @@ class Registry:
 
     def insert(self, rec: TaskRecord) -> str:
         try:
-            return self._insert(rec)
-        except sqlite3.Error as exc:
+            with self._tx():  # the row and its secrets file, or neither
+                return self._insert(rec)
+        except (sqlite3.Error, OSError) as exc:
             raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
 
     def _insert(self, rec: TaskRecord) -> str:
+        public, secret = split(rec.spec.args)
         # The id follows the highest ever given, removed ones included (`last_id`): SQLite alone would give a
         # removed highest id out again, and a new task would inherit the old one's name in logs and scripts.
         cur = self._db.execute(
@@ -104,7 +129,7 @@ class Registry:
             " coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key='last_id'), 0)) + 1,"
             " ?, ?, ?, ?, ?, ?, ?, ?",
             (
-                json.dumps(asdict(rec.spec)),
+                json.dumps(asdict(replace(rec.spec, args=public))),
                 rec.state.value,
                 rec.kind,
                 rec.reason,
@@ -114,7 +139,9 @@ class Registry:
                 json.dumps(asdict(rec.counters)),
             ),
         )
-        return str(cur.lastrowid)
+        task_id = str(cur.lastrowid)
+        self._secrets.write(task_id, secret)  # empty: removes a file an uncommitted insert of this id left
+        return task_id
 
     def save(self, recs: list[TaskRecord], gpu: int | None = None, gpu_counters: Counters | None = None) -> None:
         """Write the records (and the GPU ledger) in one transaction; RegistryWriteError if it cannot."""
@@ -165,6 +192,7 @@ class Registry:
                 )
         except sqlite3.Error as exc:
             raise RegistryWriteError(f"writing {self.path} failed: {exc}") from exc
+        self._secrets.remove(ids)
 
     def load(self) -> list[TaskRecord]:
         try:
@@ -180,7 +208,7 @@ class Registry:
         return [
             TaskRecord(
                 id=str(r[0]),
-                spec=TaskSpec(**json.loads(r[1])),
+                spec=self._with_secrets(str(r[0]), TaskSpec(**json.loads(r[1]))),
                 state=TaskState(r[2]),
                 kind=r[3],
                 reason=r[4],
@@ -195,6 +223,10 @@ class Registry:
             )
             for r in rows
         ]
+
+    def _with_secrets(self, task_id: str, spec: TaskSpec) -> TaskSpec:
+        secret = self._secrets.read(task_id)
+        return replace(spec, args={**spec.args, **secret}) if secret else spec
 
     def load_ledger(self, gpu: int) -> Counters:
         try:

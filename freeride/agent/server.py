@@ -255,6 +255,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         await _serve_until_stopped(config, sock, ready, stop or asyncio.Event())
         _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
         await health.enter_graceful_shutdown()
+        await bubble_servicer.close_streams()  # intake stops: trainers see their streams end with OK
         if metrics is not None:
             metrics.stop()
         code = await agent.shutdown()

@@ -165,8 +165,37 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
 
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
+        self._calls: set[asyncio.Task[Any]] = set()  # the tasks serving the open streams (gRPC's: never ours)
+        self._closing = False
+
+    async def close_streams(self, timeout_s: float = 5.0) -> None:
+        """End every trainer stream with status OK (the agent is stopping), and refuse new ones the same way.
+
+        Each call is woken out of its read by a cancellation that `ReportBubbles` takes as "end cleanly"; left
+        to `server.stop`, the cancellation would reach gRPC itself, which logs it as an unhandled exception.
+        A trainer sees its stream end and goes on as when the agent dies: it reconnects in the background."""
+        self._closing = True
+        calls = set(self._calls)
+        for call in calls:
+            call.cancel("the agent is stopping")
+        if calls:
+            await asyncio.wait(calls, timeout=timeout_s)
 
     async def ReportBubbles(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        call = asyncio.current_task()
+        if self._closing or call is None:
+            return  # stopping: the stream ends at once; the trainer tries again later
+        self._calls.add(call)
+        try:
+            await self._report_bubbles(context)
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise  # the peer went (gRPC cancels its call): as before
+            call.uncancel()  # our own wake-up from close_streams: return, and gRPC ends the call with OK
+        finally:
+            self._calls.discard(call)
+
+    async def _report_bubbles(self, context: grpc.aio.ServicerContext) -> None:
         agent = self._agent
         await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
         stream = TrainerStream(context.peer())

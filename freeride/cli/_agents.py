@@ -132,7 +132,19 @@ def each(ns: argparse.Namespace, agents: AgentSet, call: Callable[[AgentClient],
         answered += 1
         yield target, result
     if answered == 0 and agents.multi:
-        raise UsageError(f"none of the {len(agents.targets)} agents answers; start them with `freeride agent`")
+        raise UsageError(nobody_answers(agents.targets))
+
+
+def nobody_answers(targets: list[str]) -> str:
+    """The one line for "none of `targets` answered". A socket that keeps this user out is said as such: the
+    fix is a group membership, not `freeride agent`."""
+    denied = [why for why in map(socket_access_problem, targets) if why]
+    if len(targets) == 1:
+        return denied[0] if denied else f"no agent answers at {targets[0]}; start one with `freeride agent`"
+    if denied:
+        more = f" (and {len(denied) - 1} more socket(s) the same way)" if len(denied) > 1 else ""
+        return f"none of the {len(targets)} agents answers; {denied[0]}{more}"
+    return f"none of the {len(targets)} agents answers; start them with `freeride agent`"
 
 
 def owner(ns: argparse.Namespace, task_id: str) -> AgentClient:

@@ -126,8 +126,7 @@ def cmd_top(ns: argparse.Namespace) -> int:
     try:
         frame = fetch(clients)
         if all(s is None for _, s in frame.rows):
-            ns.target = agents.targets[0] if len(agents.targets) == 1 else "any of the agents"
-            raise UsageError(f"no agent answers at {ns.target}; start one with `freeride agent`")
+            raise UsageError(_agents.nobody_answers(agents.targets))
         if ns.once:
             con.print(render(frame, expand))
             return 0

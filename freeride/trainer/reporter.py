@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 
 from freeride.core.auth import token_interceptor
+from freeride.core.paths import socket_access_problem
 from freeride.core.ring import EDGE_END, EDGE_START, RingError, RingWriter
 from freeride.trainer._ring import fetch_ring, park
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
@@ -321,11 +322,16 @@ class BubbleReporter:
                                 exc.details() if hasattr(exc, "details") else "")
                     self._warned = True
                 elif not self._closed and not self._warned:
-                    log.warning(
-                        "no freeride agent at %s (%s); training goes on, reporting resumes when it is back",
-                        self.target,
-                        exc.code().name if hasattr(exc, "code") else exc,
-                    )
+                    denied = socket_access_problem(self.target)  # a group to join, not an agent to start
+                    if denied:
+                        log.warning("%s; training goes on without reporting bubbles (retrying in the background)",
+                                    denied)
+                    else:
+                        log.warning(
+                            "no freeride agent at %s (%s); training goes on, reporting resumes when it is back",
+                            self.target,
+                            exc.code().name if hasattr(exc, "code") else exc,
+                        )
                     self._warned = True
             except Exception:
                 log.exception("bubble reporter failed; retrying")

@@ -158,3 +158,45 @@ def test_unavailable_raised_from_run_fails_the_task_and_says_where_it_belongs(ag
     assert failed.state == S.TASK_STATE_FAILED and failed.restarts == 0  # a mistake: not retried
     assert failed.reason.startswith("run() raised Unavailable (the database is down); "
                                     "Unavailable is for IterativeTask.step()")
+
+
+_VERSIONED = '''
+from freeride import IterativeTask
+
+class Versioned(IterativeTask):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def step(self) -> None:
+        self.count += 1
+
+    def progress(self):
+        return {"version": VERSION, "count": self.count}
+
+VERSION = {version}
+'''
+
+
+def test_a_file_reference_is_pinned_to_its_real_path_at_submit_so_a_swapped_symlink_changes_nothing(
+    agent, client, tmp_path: Path
+):
+    for version in (1, 2):
+        (tmp_path / f"v{version}").mkdir()
+        (tmp_path / f"v{version}" / "task.py").write_text(_VERSIONED.replace("{version}", str(version)))
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "v1")
+    task = client.submit(S.TaskSpec(ref=f"{current}/task.py:Versioned"))
+    assert task.spec.ref == f"{tmp_path / 'v1' / 'task.py'}:Versioned"  # resolved at submit: what was checked
+    wait_for_task(client, task.id, [S.TASK_STATE_READY])
+    drive(agent, bubbles(4, [20.0]))
+    assert wait_for_info(client, task.id, lambda i: i.progress["count"] > 0).progress["version"] == 1
+
+    current.unlink()
+    current.symlink_to(tmp_path / "v2")  # the directory swapped under the submitted path
+    client.pause(task.id)
+    wait_for_info(client, task.id, lambda i: i.pid == 0)
+    client.resume(task.id)  # a new worker loads the task again
+    before = wait_for_task(client, task.id, [S.TASK_STATE_READY]).progress["count"]
+    drive(agent, bubbles(4, [20.0]))
+    after = wait_for_info(client, task.id, lambda i: i.progress["count"] > before)
+    assert after.progress["version"] == 1  # still the code that was checked, not v2's

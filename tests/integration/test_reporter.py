@@ -200,3 +200,28 @@ def test_the_agent_rejects_and_counts_impossible_edges_and_keeps_serving(agent, 
     assert gpu.rejected_events == len(bad)
     assert gpu.bubbles == 1
     assert client.health() == 1
+
+
+@pytest.mark.parametrize("path", ["auto", "grpc"])
+def test_sigterm_with_a_trainer_connected_ends_its_stream_cleanly_and_the_trainer_goes_on(new_agent, path):
+    agent = new_agent().start()
+    reporter = BubbleReporter(agent.target, path=path, **FAST_RECONNECT)
+    try:
+        assert reporter.wait_path("shm" if path == "auto" else "grpc", 10)
+        report(reporter, 2)
+        assert agent.stop() == 0
+        log = agent.log_path.read_text()
+        # The agent ended the stream itself (status OK) before its server stopped: gRPC had nothing to cancel,
+        # so it logged no "Exception not handled ... ReportBubbles" and no CancelledError traceback.
+        assert "trainer disconnected" in log
+        assert "Traceback" not in log and "Exception not handled" not in log and "CancelledError" not in log, log
+        # The trainer saw its stream end, as when the agent dies: no road, calls return at once, edges counted.
+        assert reporter.wait_path("", 10)
+        dropped = reporter.dropped
+        durations = timed_calls(reporter, 100)
+        assert reporter.dropped == dropped + 200 and max(durations) < 0.2
+        successor = new_agent().start()
+        assert reporter.wait_connected(10), "the reporter did not reconnect to the next agent"
+        successor.stop()
+    finally:
+        reporter.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,60 @@ def test_schema_version_mismatch_raises_registry_error(db_path: Path) -> None:
         Registry(db_path)
     assert f"schema {SCHEMA_VERSION + 1}" in str(info.value)
     assert str(SCHEMA_VERSION) in str(info.value)
+
+
+URL = "redis://:hunter2-s3cret@redis-host:6379/0/pool"
+
+
+def _every_byte_under(folder: Path, but: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and but not in p.parents)
+
+
+def test_a_password_in_an_argument_stays_out_of_the_database_and_comes_back_on_load(db_path: Path) -> None:
+    reg = Registry(db_path)
+    task_id = reg.insert(new_record("p", args={"pool": URL, "n": "3"}))
+    reg.close()
+    secrets = db_path.parent / "secrets"
+    # The database files (the -wal and -shm too) hold the URL masked, never the password.
+    assert b"hunter2" not in _every_byte_under(db_path.parent, secrets)
+    assert b"redis://:***@redis-host:6379/0/pool" in _every_byte_under(db_path.parent, secrets)
+    (secret_file,) = secrets.iterdir()
+    assert secret_file.name == f"task-{task_id}.json" and (secret_file.stat().st_mode & 0o777) == 0o600
+    assert (secrets.stat().st_mode & 0o777) == 0o700
+    reopened = Registry(db_path)
+    assert reopened.load()[0].spec.args == {"pool": URL, "n": "3"}  # the worker gets the URL whole
+    reopened.delete([task_id])
+    assert not secret_file.exists()  # removed with its task
+    reopened.close()
+
+
+def test_an_argument_without_a_password_writes_no_secrets_file(db_path: Path) -> None:
+    reg = Registry(db_path)
+    reg.insert(new_record("q", args={"pool": "redis://redis-host/0/pool"}))
+    reg.close()
+    assert not (db_path.parent / "secrets").exists()
+
+
+def test_a_password_an_older_freeride_stored_in_clear_is_moved_out_at_open(db_path: Path) -> None:
+    Registry(db_path).close()
+    db = sqlite3.connect(db_path)
+    spec = json.dumps(asdict(TaskSpec(name="old", ref="pkg.mod:X", args={"pool": URL})))  # as it was stored
+    db.execute("INSERT INTO tasks (id, spec, state, kind, created_unix_s, updated_unix_s, counters) VALUES "
+               "(7, ?, 'READY', 'iterative', 1.0, 1.0, '{}')", (spec,))
+    db.commit()
+    db.close()
+    reg = Registry(db_path)
+    assert reg.load()[0].spec.args == {"pool": URL}
+    (row,) = sqlite3.connect(db_path).execute("SELECT spec FROM tasks").fetchall()
+    assert "hunter2" not in row[0] and "redis://:***@redis-host" in row[0]
+    assert (db_path.parent / "secrets" / "task-7.json").exists()
+    reg.close()
+
+
+def test_a_secrets_file_that_cannot_be_written_stores_no_row(db_path: Path) -> None:
+    (db_path.parent / "secrets").write_text("a file where the directory should be")
+    reg = Registry(db_path)
+    with pytest.raises(RegistryError, match="writing"):
+        reg.insert(new_record("p", args={"pool": URL}))
+    assert reg.load() == []  # the row was rolled back with it
+    reg.close()

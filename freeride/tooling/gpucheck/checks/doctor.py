@@ -35,10 +35,12 @@ def doctor(ctx: CheckContext) -> Outcome:
     if not program:
         details["mps-start"] = "not run: nvidia-cuda-mps-control is not on PATH"
     fails = {name: [c for c in rep["checks"] if c["status"] == "fail"] for name, rep in reports.items()}
-    presence = [c for c in fails["mps-off"] if c["name"] in _GPU_PRESENCE]
+    # No GPU: the device checks fail, or (no driver) nvml reports CPU mode as info.
+    presence = [c for c in reports["mps-off"]["checks"]
+                if c["name"] in _GPU_PRESENCE and c["status"] in ("fail", "info")]
     if presence and not ctx.fake:
         details["not_a_gpu_run"] = True
-        if len(presence) == len(fails["mps-off"]):
+        if all(c["name"] in _GPU_PRESENCE for c in fails["mps-off"]):
             return skipped(f"not a GPU run: doctor finds no GPU ({presence[0]['detail']})", **details)
     wrong = [f"{name}: {c['name']}: {c['detail']}" for name, cs in fails.items() for c in cs]
     counts = {name: _counts(rep) for name, rep in reports.items()}
