@@ -171,7 +171,6 @@ def setup_to_pb(setup: WorkerSetup) -> worker_pb2.AgentCommand:
         checkpoint_path=setup.checkpoint_path,
         checkpoint_interval_s=setup.checkpoint_interval_s,
         mem_limit_bytes=setup.mem_limit_bytes,
-        window_file=setup.window_file,
     ))
 
 

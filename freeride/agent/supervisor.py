@@ -412,7 +412,6 @@ class Supervisor:
             checkpoint_path=str(self.checkpoint_dir / f"task-{task_id}.ckpt"),
             checkpoint_interval_s=rec.spec.checkpoint_interval_s or self._cfg.checkpoint_interval_s,
             mem_limit_bytes=rec.spec.mem_limit_bytes,
-            window_file=str(worker.window.path),
         )
 
     def detach(self, task_id: str, instance: int) -> None:

@@ -374,8 +374,7 @@ def backoff_delays(retry_s: float, max_retry_s: float) -> Iterator[float]:
 
 
 class Worker:
-    def __init__(self, target: str, task_id: str, instance: int, window_fd: int) -> None:
-        self._window_fd = window_fd
+    def __init__(self, target: str, task_id: str, instance: int, window: WindowReader) -> None:
         self.task_id = task_id
         self.instance = instance
         self._s = _Shared()
@@ -385,6 +384,7 @@ class Worker:
         self._ckpt_at = time.monotonic()
         self.task: IterativeTask | ImperativeTask | None = None
         self.gate = _Gate(self._s, self._out.put, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
+        self.gate.window = window  # mapped before any task code runs: whatever it closes, the word stays
 
     # -- stream plumbing -------------------------------------------------------------------------
     def _requests(self) -> Iterator[pb.WorkerMessage]:
@@ -442,7 +442,6 @@ class Worker:
             return self._fail(f"constructing the task raised {type(exc).__name__}: {exc}", retryable=False)
         self.task = task
         self._setup = setup
-        self.gate.window = WindowReader(setup.window_file, self._window_fd)
         task.context = TaskContext(
             task_id=self.task_id,
             checkpoint_path=setup.checkpoint_path,
@@ -688,12 +687,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", required=True)
     parser.add_argument("--task-id", required=True)
     parser.add_argument("--instance", type=int, required=True)
+    parser.add_argument("--window-word-fd", type=int, required=True, help="the window word (a sealed memfd)")
     parser.add_argument("--window-fd", type=int, required=True, help="read end of the agent's wake-up pipe")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not _apply_placement():
         return 2
-    return Worker(ns.agent, ns.task_id, ns.instance, ns.window_fd).run()
+    window = WindowReader(ns.window_word_fd, ns.window_fd)
+    return Worker(ns.agent, ns.task_id, ns.instance, window).run()
 
 
 if __name__ == "__main__":

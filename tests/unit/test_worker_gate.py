@@ -20,14 +20,14 @@ from freeride.v1 import worker_pb2 as pb
 
 class Harness:
     def __init__(self, tmp_path: Path) -> None:
-        self.writer = WindowWriter(tmp_path / "w.win")
+        self.writer = WindowWriter()
         self.sent: list[pb.WorkerMessage] = []
         self.window_done = threading.Event()
         self.waiting = threading.Event()  # set by WorkerWaiting(waiting=true)
         self.checkpoints = threading.Event()  # set by a forced checkpoint (one asked by the agent)
         self.shared = _Shared()
         self.gate = _Gate(self.shared, self._send, StepEstimator(), self._on_idle)
-        self.gate.window = WindowReader(str(self.writer.path), self.writer.read_fd)
+        self.gate.window = WindowReader(*self.writer.child_fds())
 
     def _send(self, msg: pb.WorkerMessage) -> None:
         self.sent.append(msg)
