@@ -252,7 +252,7 @@ def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:
             memory=gpu_memory_to_pb(g.memory),
             trainer_streams=[
                 tasks_pb2.TrainerStream(peer=t.peer, rank=t.rank, stage=t.stage, path=t.path, edges=t.edges,
-                                        rejected=t.rejected, dropped=t.dropped)
+                                        rejected=t.rejected, dropped=t.dropped, pid=t.pid)
                 for t in g.trainer_streams
             ],
         ),

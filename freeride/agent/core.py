@@ -42,7 +42,7 @@ from freeride.agent.store import Database, Store
 from freeride.agent.supervisor import Launcher, Supervisor
 from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
 from freeride.agent.timers import TimerHandle
-from freeride.agent.trainers import TrainerStream
+from freeride.agent.trainers import RankClaims, TrainerStream
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
 from freeride.core.private import private_dir
@@ -76,6 +76,7 @@ class Agent:
         self.events = Hub()
         self.table = TaskTable(self._changed)
         self.streams: list[TrainerStream] = []  # one per trainer stream open now
+        self._ranks = RankClaims()  # which of them reports each rank
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
         self.scheduler = Scheduler(
@@ -275,11 +276,16 @@ class Agent:
         self.streams.append(stream)
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
 
+    def trainer_hello(self, stream: TrainerStream) -> str:
+        """The stream said who it is: "" when its rank is its own now, else why it is refused."""
+        return self._ranks.claim(stream)
+
     def trainer_moved(self, stream: TrainerStream) -> None:
         """The stream's edges changed road (its ring was attached)."""
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
 
     def trainer_closed(self, stream: TrainerStream) -> None:
+        self._ranks.release(stream)
         self.streams.remove(stream)
         self.events.publish(TrainerChanged(self.clock(), False, stream.peer, len(self.streams), stream.path))
 
