@@ -3,8 +3,8 @@
 Two roads, chosen automatically. On the agent's host (a unix-socket target) the agent hands over
 a shared-memory ring (freeride.core.ring) and the training thread writes each edge there itself:
 one 64-byte record, and an eventfd write only when the agent waits; no other thread touches the
-edge. Otherwise (a TCP agent, an agent started with --bubble-path grpc, or until the ring is
-attached) the training thread writes seven integers into a preallocated queue slot and a
+edge. Otherwise (a TCP agent, an agent started with --bubble-path grpc, a ring that could not be
+fetched) the training thread writes seven integers into a preallocated queue slot and a
 background thread sends them over the gRPC stream.
 
 Either way: no allocation of a garbage-collected object in the hook (so no GC pause lands in it),
