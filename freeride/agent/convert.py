@@ -177,7 +177,6 @@ def setup_to_pb(setup: WorkerSetup) -> worker_pb2.AgentCommand:
         checkpoint_path=setup.checkpoint_path,
         checkpoint_interval_s=setup.checkpoint_interval_s,
         mem_limit_bytes=setup.mem_limit_bytes,
-        window_file=setup.window_file,
     ))
 
 
@@ -266,7 +265,7 @@ def stats_to_pb(stats: Stats) -> tasks_pb2.StatsResponse:
             memory=gpu_memory_to_pb(g.memory),
             trainer_streams=[
                 tasks_pb2.TrainerStream(peer=t.peer, rank=t.rank, stage=t.stage, path=t.path, edges=t.edges,
-                                        rejected=t.rejected, dropped=t.dropped)
+                                        rejected=t.rejected, dropped=t.dropped, pid=t.pid)
                 for t in g.trainer_streams
             ],
         ),

@@ -44,7 +44,7 @@ from freeride.agent.store import Database, Store
 from freeride.agent.supervisor import Launcher, Supervisor
 from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
 from freeride.agent.timers import TimerHandle
-from freeride.agent.trainers import TrainerStream
+from freeride.agent.trainers import RankClaims, TrainerStream
 from freeride.agent.training import TrainingTime
 from freeride.agent.validation import check_spec
 from freeride.agent.views import GpuStats, History, Stats
@@ -84,6 +84,7 @@ class Agent:
         # Each rank's last hello, kept after its stream ends so that `freeride profile` of a finished job
         # knows the schedule of the bubbles still in the history (bounded: the oldest rank is forgotten).
         self.declared: OrderedDict[int, TrainerDeclaration] = OrderedDict()
+        self._ranks = RankClaims()  # which of them reports each rank
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
         self.training = TrainingTime(clock)  # time with a trainer stream open, into the ledger
@@ -293,11 +294,16 @@ class Agent:
         if len(self.declared) > _MAX_DECLARED:
             self.declared.popitem(last=False)
 
+    def trainer_hello(self, stream: TrainerStream) -> str:
+        """The stream said who it is: "" when its rank is its own now, else why it is refused."""
+        return self._ranks.claim(stream)
+
     def trainer_moved(self, stream: TrainerStream) -> None:
         """The stream's edges changed road (its ring was attached)."""
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
 
     def trainer_closed(self, stream: TrainerStream) -> None:
+        self._ranks.release(stream)
         self.streams.remove(stream)
         self.training.closed(self.scheduler.gpu)
         self.store.mark_dirty(set(), ledger=True)

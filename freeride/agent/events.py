@@ -96,14 +96,14 @@ class Control(enum.Enum):
 
 
 class WorkerSetup(NamedTuple):
-    """The answer to a worker's hello: what to run and where its window word and checkpoint are."""
+    """The answer to a worker's hello: what to run and where its checkpoint is (its window word it
+    inherited at spawn)."""
 
     task_ref: str
     args: dict[str, str]
     checkpoint_path: str
     checkpoint_interval_s: float
     mem_limit_bytes: int
-    window_file: str
 
 
 # -- accounted history -----------------------------------------------------------------------------

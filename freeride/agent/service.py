@@ -202,7 +202,8 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
         agent.trainer_opened(stream)
         ranks: set[int] = set()
         ring: RingChannel | None = None
-        log.info("trainer connected (%s)", stream.peer)
+        refused = ""
+        log.debug("trainer stream opened (%s)", stream.peer)
         try:
             while True:
                 batch = await context.read()
@@ -210,9 +211,14 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     break
                 if isinstance(batch, Malformed):
                     await reject(context, batch)
-                if batch.HasField("hello") and ring is None:
-                    stream.rank, stream.stage = batch.hello.rank, batch.hello.stage
-                    agent.trainer_declared(declaration_from_pb(batch.hello))
+                if batch.HasField("hello") and not stream.hello:
+                    hello = batch.hello
+                    stream.rank, stream.stage, stream.pid, stream.hello = hello.rank, hello.stage, hello.pid, True
+                    refused = agent.trainer_hello(stream)
+                    if refused:  # logged once by the claims; the trainer's reporter says it on its side
+                        await context.abort(grpc.StatusCode.ALREADY_EXISTS, refused)
+                    agent.trainer_declared(declaration_from_pb(hello))
+                    log.info("trainer %s connected", stream.name)
                     ranks.add(stream.rank)
                     ring = self._ring_for(batch.hello, stream)
                     await context.write(trainer_pb2.TrainerWelcome(
@@ -223,9 +229,12 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                         self._offer(ring, stream)
                 now = agent.clock()
                 for ev in batch.events:
-                    if not edge_ok(ev, now):
+                    problem = (edge_problem(ev, now) if not edge_ok(ev, now) else
+                               f"an edge of rank {ev.rank} on the stream of rank {stream.rank}"
+                               if stream.hello and ev.rank != stream.rank else "")
+                    if problem:
                         agent.rejected_events += 1
-                        stream.reject(edge_problem(ev, now))
+                        stream.reject(problem)
                         continue
                     ranks.add(ev.rank)
                     stream.edges += 1
@@ -239,7 +248,8 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                 for rank in ranks:
                     agent.trainer_gone(rank)
                 agent.trainer_closed(stream)
-                log.info("trainer disconnected (%s)", stream.peer)
+                if not refused:
+                    log.info("trainer %s disconnected", stream.name)
 
     def _ring_for(self, hello: trainer_pb2.TrainerHello, stream: TrainerStream) -> RingChannel | None:
         """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
@@ -250,7 +260,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
             return RingChannel(config.socket_path.parent, config.gpu, config.socket_mode_bits(), config.socket_gid(),
                                ring_records(hello.ring_records))
         except OSError as exc:
-            log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", stream.peer, exc)
+            log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", stream.name, exc)
             return None
 
     def _offer(self, ring: RingChannel, stream: TrainerStream) -> None:
@@ -258,15 +268,14 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
 
         def timed_out() -> None:
             log.warning("trainer %s did not fetch its bubble ring from %s; its edges stay on gRPC",
-                        stream.peer, ring.socket_path)
+                        stream.name, ring.socket_path)
 
         def fetched() -> None:
             stream.path = SHM
             ring.start(deliver)
             stream.take = ring.pump
             agent.trainer_moved(stream)
-            log.info("trainer %s (rank %d) reports through shared memory (%s)", stream.peer, stream.rank,
-                     ring.path.name)
+            log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
 
         reader = ring.reader
 

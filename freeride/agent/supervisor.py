@@ -37,6 +37,7 @@ from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
 from freeride.agent.timers import CallLater, TimerHandle
 from freeride.agent.workers import describe_exit, last_log_line
+from freeride.core.exits import NO_RESTART
 from freeride.core.units import format_seconds
 from freeride.errors import InvalidStateError
 
@@ -193,9 +194,12 @@ class Supervisor:
             return
         reason = worker.kill_reason or worker.failure or describe_exit(code)
         tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""
-        if tail and tail not in reason:
+        said = code == NO_RESTART and not worker.kill_reason and not worker.failure
+        if said and tail:  # the worker could not send its reason (freeride.core.exits): it wrote it there
+            reason = tail
+        elif tail and tail not in reason:
             reason = f"{reason}: {tail}"
-        self._crashed(rec, reason, worker.retryable, worker.log_path)
+        self._crashed(rec, reason, worker.retryable and not said, worker.log_path)
 
     def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None) -> None:
         """Restart with exponential backoff, or FAILED once the task has had all its restarts."""
@@ -412,7 +416,6 @@ class Supervisor:
             checkpoint_path=str(self.checkpoint_dir / f"task-{task_id}.ckpt"),
             checkpoint_interval_s=rec.spec.checkpoint_interval_s or self._cfg.checkpoint_interval_s,
             mem_limit_bytes=rec.spec.mem_limit_bytes,
-            window_file=str(worker.window.path),
         )
 
     def detach(self, task_id: str, instance: int) -> None:

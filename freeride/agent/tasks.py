@@ -39,13 +39,6 @@ class Change(enum.Enum):
     WORKER = "worker"  # its worker exited with no new state (paused, finished): nothing to write, announced
 
 
-class WindowFile(WindowPort, Protocol):
-    """A worker's window word (freeride.core.window.WindowWriter): the scheduler's port, and its file."""
-
-    @property
-    def path(self) -> Path: ...
-
-
 class Worker(Protocol):
     """A worker process as the engine sees it (freeride.agent.workers.WorkerProcess; fakes in tests)."""
 
@@ -63,7 +56,7 @@ class Worker(Protocol):
     @property
     def log_path(self) -> Path: ...
     @property
-    def window(self) -> WindowFile: ...
+    def window(self) -> WindowPort: ...  # its window word (freeride.core.window.WindowWriter)
     @property
     def exited(self) -> asyncio.Event: ...
     def kill(self, reason: str) -> None: ...

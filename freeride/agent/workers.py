@@ -4,6 +4,8 @@ Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.cg
 agent may create one; the whole group is killed when the worker exits or is killed, so nothing a task
 starts outlives it. Without cgroups, the worker's process group is killed and what left it is found
 by the WORKER_MARK in its environment (a process that also clears its environment escapes that).
+Windows: each worker inherits its own window word and wake-up pipe (freeride.core.window) and nothing else
+of the agent's: a task cannot reach another task's windows.
 Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.logs).
 """
 
@@ -126,9 +128,10 @@ class WorkerLauncher:
         env[GPU_ENV] = str(self._gpu)
         env[LOG_FILE_ENV] = str(path)
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
-        window = WindowWriter(self._log_dir.parent / "run" / f"task-{task_id}-{instance}.win")
+        window = WindowWriter()  # inherited by this worker alone: no other task can reach it
+        word_fd, wake_fd = window.child_fds()
         argv = [sys.executable, "-m", "freeride.sdk.worker", "--agent", self._target, "--task-id", task_id,
-                "--instance", str(instance), "--window-fd", str(window.read_fd)]
+                "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd)]
         group = self._cgroups.group(f"task-{task_id}-{instance}-{os.getpid()}") if self._cgroups else None
         if group is not None and self._cgroups is not None:
             argv = self._cgroups.argv(group, argv)  # in its group before its first instruction
@@ -136,7 +139,7 @@ class WorkerLauncher:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                pass_fds=(window.read_fd,),
+                pass_fds=(word_fd, wake_fd),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,

@@ -361,9 +361,11 @@ def cmd_stats(ns: argparse.Namespace) -> int:
 
 def _trainers_table(streams: Iterable[tasks_pb2.TrainerStream]) -> Table:
     """One row per open trainer stream: the road its edges take (shm: the same-host ring) and what came."""
-    t = table("trainers", "rank", "stage", "path", "edges", "rejected", "dropped", "peer")
-    for s in sorted(streams, key=lambda s: (s.rank, s.stage, s.peer)):
-        t.add_row(str(s.rank), str(s.stage), s.path, str(s.edges), str(s.rejected), str(s.dropped), s.peer)
+    t = table("trainers", "rank", "stage", "pid", "path", "edges", "rejected", "dropped", "peer")
+    for s in sorted(streams, key=lambda s: (s.rank, s.stage, s.pid, s.peer)):
+        peer = "this host" if s.peer.startswith("unix:") else s.peer  # a unix socket's peer has no address
+        t.add_row(str(s.rank), str(s.stage), str(s.pid or "?"), s.path, str(s.edges), str(s.rejected),
+                  str(s.dropped), peer)
     return t
 
 

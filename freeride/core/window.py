@@ -2,25 +2,33 @@
 
 gRPC carries everything else (attach, setup, step reports, pause and cancel). Grants and
 revocations happen on every bubble, so they take a shorter road: the agent writes the window
-(id, until, open) into a 64-byte memory-mapped file under a sequence lock and writes one byte
+(id, until, open) into a 64-byte shared-memory word under a sequence lock and writes one byte
 into a pipe; the worker blocks on that pipe while idle (no polling) and, between steps, reads
 the control word directly, so a revocation costs it no wake-up at all.
+
+The word is an anonymous memory file (memfd) with no name in any directory: the worker inherits
+its descriptor (with the pipe's read end) at spawn and nobody else holds one, so a task reaches
+its own word only. The agent maps it writable and then seals it (`F_SEAL_FUTURE_WRITE`): from
+then on no descriptor, the worker's or one reopened through /proc/PID/fd, can write it or map it
+writable; only the agent's mapping, made before the seal, writes. A new agent makes new words
+for the workers it starts: nothing outlives the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import struct
-from pathlib import Path
 from typing import NamedTuple
-
-from freeride.core.private import create_private, private_dir
 
 _LAYOUT = struct.Struct("<QQqQ")  # seq, window_id, until_ns, open
 _SEQ = struct.Struct("<Q")
 SIZE = 64
+# fcntl names F_SEAL_FUTURE_WRITE only from Python 3.12 (Linux 5.1+ has it: linux/fcntl.h, 0x0010).
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
 
 
 class WindowWord(NamedTuple):
@@ -30,15 +38,18 @@ class WindowWord(NamedTuple):
 
 
 class WindowWriter:
-    """Agent side: owns the file and the pipe's write end."""
+    """Agent side: owns the word's writable mapping and the pipe's write end. `word_fd` and `read_fd`
+    are the worker's (passed at spawn, then closed here by close_child_end)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        private_dir(path.parent)
-        with os.fdopen(create_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-            f.write(b"\0" * SIZE)
-        self._f = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
-        self._mm = mmap.mmap(self._f.fileno(), SIZE)
+    def __init__(self) -> None:
+        self.word_fd = os.memfd_create("freeride-window", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.word_fd, SIZE)
+            self._mm = mmap.mmap(self.word_fd, SIZE)  # shared and writable: the only writable mapping ever
+            fcntl.fcntl(self.word_fd, fcntl.F_ADD_SEALS, _SEALS)
+        except BaseException:
+            os.close(self.word_fd)
+            raise
         self._seq = 0
         self.read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
@@ -61,24 +72,30 @@ class WindowWriter:
     def revoke(self, window_id: int, until_ns: int) -> None:
         self._store(window_id, until_ns, False)
 
+    def child_fds(self) -> tuple[int, int]:
+        """What the worker inherits: the word's descriptor and the pipe's read end."""
+        return self.word_fd, self.read_fd
+
     def close_child_end(self) -> None:
-        """After the worker was spawned with the read end, the agent drops its copy."""
-        os.close(self.read_fd)
+        """After the worker was spawned with them, the agent drops its copies of the worker's descriptors."""
+        for fd in (self.word_fd, self.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.word_fd = self.read_fd = -1
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._write_fd)
         self._mm.close()
-        self._f.close()
-        self.path.unlink(missing_ok=True)
 
 
 class WindowReader:
     """Worker side: reads the control word; waits on the pipe when idle."""
 
-    def __init__(self, path: str, fd: int) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - lives as long as the worker
-        self._mm = mmap.mmap(self._f.fileno(), SIZE, access=mmap.ACCESS_READ)
+    def __init__(self, word_fd: int, fd: int) -> None:
+        """`word_fd`: the word's descriptor (mapped read-only: the seal allows nothing else); `fd`: the pipe's
+        read end. Both inherited from the agent."""
+        self._mm = mmap.mmap(word_fd, SIZE, access=mmap.ACCESS_READ)
         self.fd = fd
         os.set_blocking(fd, False)
 

@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 import grpc
 
 from freeride.core.cpu import apply_from_env
+from freeride.core.exits import NO_RESTART
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
@@ -108,6 +109,7 @@ class _Gate:
         self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
         self._peak_bytes = 0  # this process's peak resident memory at the latest sample
         self._longest_window_ns = 0  # the longest window granted to this worker (from when it saw the grant)
+        self._pipe_ids: dict[int, tuple[int, int]] = {}  # each pipe's (device, inode) before any task code ran
 
     def estimate_ns(self) -> int | None:
         """What the next step is expected to take: the task's own smallest step if it declares one
@@ -276,23 +278,37 @@ class _Gate:
         self.acquire()
         self._piece_start_ns = time.monotonic_ns()
 
+    def _pipes(self, everyone: bool) -> list[tuple[str, int]]:
+        pipes = [("window pipe", self.window.fd if self.window is not None else -1)]
+        if everyone:
+            pipes += [("wake-up pipe", self._s._wake_r), ("wake-up pipe", self._s._wake_w)]
+        return [(name, fd) for name, fd in pipes if fd >= 0]
+
+    def know_pipes(self) -> None:
+        """Before any task code runs: note which pipe each number is, so that one the task closed is caught even
+        when something it opened afterwards took its number."""
+        for _, fd in self._pipes(everyone=True):
+            st = os.fstat(fd)
+            self._pipe_ids[fd] = (st.st_dev, st.st_ino)
+
     def check_pipes(self, everyone: bool = False) -> None:
         """Raise _PlumbingError if the task closed the window pipe (or, `everyone`, the wake-up pipe too), as
         os.closerange(3, ...) does: said here, in the task's log, before gRPC (whose descriptors went too)
         aborts with its own words. After every step: one fstat."""
-        pipes = [("window pipe", self.window.fd if self.window is not None else -1)]
-        if everyone:
-            pipes += [("wake-up pipe", self._s._wake_r), ("wake-up pipe", self._s._wake_w)]
-        for name, fd in pipes:
-            if fd < 0:
-                continue
+        for name, fd in self._pipes(everyone):
             try:
-                os.fstat(fd)
+                st = os.fstat(fd)
             except OSError as exc:
-                raise _PlumbingError(
-                    f"the worker's {name} (fd {fd}) was closed: {exc.strerror}; the task closed file descriptors "
-                    "it did not open (os.closerange, a daemonising helper): close only your own"
-                ) from None
+                problem = exc.strerror
+            else:
+                known = self._pipe_ids.get(fd)
+                if known is None or known == (st.st_dev, st.st_ino):
+                    continue
+                problem = "its number now names another file"
+            raise _PlumbingError(
+                f"the worker's {name} (fd {fd}) was closed: {problem}; the task closed file descriptors "
+                "it did not open (os.closerange, a daemonising helper): close only your own"
+            )
 
     def step_done(self, start_ns: int, end_ns: int) -> None:
         self.check_pipes()
@@ -374,8 +390,7 @@ def backoff_delays(retry_s: float, max_retry_s: float) -> Iterator[float]:
 
 
 class Worker:
-    def __init__(self, target: str, task_id: str, instance: int, window_fd: int) -> None:
-        self._window_fd = window_fd
+    def __init__(self, target: str, task_id: str, instance: int, window: WindowReader) -> None:
         self.task_id = task_id
         self.instance = instance
         self._s = _Shared()
@@ -385,6 +400,8 @@ class Worker:
         self._ckpt_at = time.monotonic()
         self.task: IterativeTask | ImperativeTask | None = None
         self.gate = _Gate(self._s, self._out.put, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
+        self.gate.window = window  # mapped before any task code runs: whatever it closes, the word stays
+        self.gate.know_pipes()
 
     # -- stream plumbing -------------------------------------------------------------------------
     def _requests(self) -> Iterator[pb.WorkerMessage]:
@@ -432,17 +449,27 @@ class Worker:
             self._channel.close()
         return code
 
+    def _plumbing_intact(self) -> None:
+        """After the task's own code ran outside a step (its import and constructor, setup(), load_state_dict()):
+        if it closed the worker's pipes, say so and exit before a message to the agent lets gRPC abort."""
+        try:
+            self.gate.check_pipes(everyone=True)
+        except _PlumbingError as exc:
+            _die(str(exc))
+
     def _run_task(self, setup: pb.WorkerSetup) -> int:
         try:
             cls = load_class(setup.task_ref)
             task = cls(**bind_args(cls, dict(setup.args)))
         except TaskRefError as exc:
+            self._plumbing_intact()
             return self._fail(str(exc), retryable=False)
         except Exception as exc:
+            self._plumbing_intact()
             return self._fail(f"constructing the task raised {type(exc).__name__}: {exc}", retryable=False)
+        self._plumbing_intact()
         self.task = task
         self._setup = setup
-        self.gate.window = WindowReader(setup.window_file, self._window_fd)
         task.context = TaskContext(
             task_id=self.task_id,
             checkpoint_path=setup.checkpoint_path,
@@ -461,13 +488,17 @@ class Worker:
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
         except Exception as exc:
+            self._plumbing_intact()
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
         try:
             resumed = self._restore()
         except _CheckpointFormatError as exc:  # a retry would read the same file: fail once, say what to do
+            self._plumbing_intact()
             return self._fail(str(exc), retryable=False)
         except _CheckpointError as exc:
+            self._plumbing_intact()
             return self._fail(str(exc), retryable=True)
+        self._plumbing_intact()
         self._out.put(
             pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed, progress=self.gate.progress()))
         )
@@ -628,11 +659,12 @@ def _write_own_log(environ: dict[str, str] | None = None) -> bool:
 
 
 def _die(reason: str) -> NoReturn:
-    """Say why in the task's log (the agent shows its last line as the reason) and exit at once: the stream
-    to the agent is not to be trusted, and gRPC would abort with its own words on its way down."""
+    """Say why in the task's log (the agent makes its last line the reason) and exit at once with NO_RESTART
+    (the task would do it again): the stream to the agent is not to be trusted, and gRPC would abort with its
+    own words on its way down."""
     with contextlib.suppress(OSError):
         os.write(2, f"{reason}\n".encode())
-    os._exit(1)
+    os._exit(NO_RESTART)
 
 
 def _gpu_index(raw: str) -> int:
@@ -688,12 +720,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", required=True)
     parser.add_argument("--task-id", required=True)
     parser.add_argument("--instance", type=int, required=True)
+    parser.add_argument("--window-word-fd", type=int, required=True, help="the window word (a sealed memfd)")
     parser.add_argument("--window-fd", type=int, required=True, help="read end of the agent's wake-up pipe")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not _apply_placement():
         return 2
-    return Worker(ns.agent, ns.task_id, ns.instance, ns.window_fd).run()
+    window = WindowReader(ns.window_word_fd, ns.window_fd)
+    return Worker(ns.agent, ns.task_id, ns.instance, window).run()
 
 
 if __name__ == "__main__":

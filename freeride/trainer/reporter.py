@@ -3,8 +3,8 @@
 Two roads, chosen automatically. On the agent's host (a unix-socket target) the agent hands over
 a shared-memory ring (freeride.core.ring) and the training thread writes each edge there itself:
 one 64-byte record, and an eventfd write only when the agent waits; no other thread touches the
-edge. Otherwise (a TCP agent, an agent started with --bubble-path grpc, or until the ring is
-attached) the training thread writes seven integers into a preallocated queue slot and a
+edge. Otherwise (a TCP agent, an agent started with --bubble-path grpc, a ring that could not be
+fetched) the training thread writes seven integers into a preallocated queue slot and a
 background thread sends them over the gRPC stream.
 
 Either way: no allocation of a garbage-collected object in the hook (so no GC pause lands in it),
@@ -112,6 +112,8 @@ class BubbleReporter:
         self._stopping = threading.Event()
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._warned = False
+        self.refused = ""  # why the agent refused this rank (another stream reports it), until it accepts it
+        self.refusals = 0  # how many times it did (the reporter keeps trying in the background)
         self._generation = 0
         self._call: grpc.Future | None = None
         self._thread = threading.Thread(target=self._run, name=f"freeride-reporter-{rank}", daemon=True)
@@ -216,6 +218,11 @@ class BubbleReporter:
         with self._road:
             return self._road.wait_for(lambda: self.path == path, timeout_s)
 
+    def wait_refused(self, times: int, timeout_s: float) -> bool:
+        """For tests: block until the agent has refused this rank `times` times in all."""
+        with self._road:
+            return self._road.wait_for(lambda: self.refusals >= times, timeout_s)
+
     # -- background thread ---------------------------------------------------------------------------
     def _road_changed(self) -> None:
         with self._road:
@@ -251,7 +258,8 @@ class BubbleReporter:
         yield trainer_pb2.BubbleBatch(
             hello=trainer_pb2.TrainerHello(rank=self.rank, stage=self.stage, shared_memory=self._want_ring,
                                         ring_records=self._mask + 1, schedule=pipe.schedule, stages=pipe.stages,
-                                        microbatches=pipe.microbatches, stages_per_rank=pipe.stages_per_rank)
+                                        microbatches=pipe.microbatches, stages_per_rank=pipe.stages_per_rank,
+                                        pid=os.getpid())
         )
         while generation == self._generation:
             if self._head == self._tail:
@@ -304,19 +312,30 @@ class BubbleReporter:
                     call = stub.ReportBubbles(self._requests(self._generation))
                     self._call = call
                     for welcome in call:
-                        if not self._live:
-                            self._live = True  # edges flow on gRPC until a ring is attached
-                            self._warned = False
-                            delay = self._backoff[0]
-                            log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
-                            self._road_changed()
+                        # Live once the agent answered the hello: before it, it may still refuse this rank.
                         if welcome.hello_answered and not self._connected.is_set():
                             self._attach(welcome)
+                            self._live = True  # edges flow on gRPC unless a ring was attached
+                            self._warned = False
+                            self.refused = ""
+                            delay = self._backoff[0]
+                            log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
                             self._connected.set()  # after the attach: a waiter's first edge takes the ring
                             self._road_changed()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
+                if code == grpc.StatusCode.ALREADY_EXISTS and not self._closed:
+                    detail = exc.details() if hasattr(exc, "details") else ""
+                    if not self._warned:
+                        log.warning("the freeride agent at %s refused rank %d (%s); training goes on without its "
+                                    "bubbles harvested; the reporter tries again in the background", self.target,
+                                    self.rank, detail)
+                        self._warned = True
+                    with self._road:
+                        self.refused = detail
+                        self.refusals += 1
+                        self._road.notify_all()
+                elif not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
                     log.warning("the freeride agent at %s refused this rank's token (%s); training goes on "
                                 "without reporting: set FREERIDE_TOKEN_FILE to the agent's token", self.target,
                                 exc.details() if hasattr(exc, "details") else "")

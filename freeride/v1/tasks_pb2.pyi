@@ -188,7 +188,7 @@ class GpuStats(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., bubbles: _Optional[int] = ..., bubble_s: _Optional[float] = ..., harvested_s: _Optional[float] = ..., overrun_s: _Optional[float] = ..., overrun_steps: _Optional[int] = ..., steps: _Optional[int] = ..., windows: _Optional[int] = ..., events: _Optional[int] = ..., prediction_error_p50: _Optional[float] = ..., uptime_s: _Optional[float] = ..., dropped_events: _Optional[int] = ..., trainers: _Optional[int] = ..., event_delay_us_p50: _Optional[float] = ..., event_delay_us_p99: _Optional[float] = ..., rejected_events: _Optional[int] = ..., trainer_free_memory_bytes: _Optional[int] = ..., windows_granted: _Optional[int] = ..., memory: _Optional[_Union[GpuMemory, _Mapping]] = ..., trainer_streams: _Optional[_Iterable[_Union[TrainerStream, _Mapping]]] = ..., training_s: _Optional[float] = ...) -> None: ...
 
 class TrainerStream(_message.Message):
-    __slots__ = ("peer", "rank", "stage", "path", "edges", "rejected", "dropped")
+    __slots__ = ("peer", "rank", "stage", "path", "edges", "rejected", "dropped", "pid")
     PEER_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class TrainerStream(_message.Message):
     EDGES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     peer: str
     rank: int
     stage: int
@@ -203,7 +204,8 @@ class TrainerStream(_message.Message):
     edges: int
     rejected: int
     dropped: int
-    def __init__(self, peer: _Optional[str] = ..., rank: _Optional[int] = ..., stage: _Optional[int] = ..., path: _Optional[str] = ..., edges: _Optional[int] = ..., rejected: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, peer: _Optional[str] = ..., rank: _Optional[int] = ..., stage: _Optional[int] = ..., path: _Optional[str] = ..., edges: _Optional[int] = ..., rejected: _Optional[int] = ..., dropped: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class GpuMemory(_message.Message):
     __slots__ = ("mode", "name", "uuid", "compute_mode", "mps", "total_bytes", "used_bytes", "free_bytes", "side_tasks_used_bytes", "side_tasks_reserved_bytes", "others_used_bytes", "trainer_peak_bytes", "usable_bytes", "headroom_bytes", "waiting_tasks")

@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66reeride/v1/trainer.proto\x12\x0b\x66reeride.v1\"\xe3\x01\n\x0b\x42ubbleEvent\x12%\n\x04\x65\x64ge\x18\x01 \x01(\x0e\x32\x17.freeride.v1.BubbleEdge\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x11\n\titeration\x18\x03 \x01(\x04\x12\r\n\x05stage\x18\x04 \x01(\r\x12\x0c\n\x04rank\x18\x05 \x01(\r\x12\x0f\n\x07time_ns\x18\x06 \x01(\x03\x12\x1c\n\x14\x65xpected_duration_ns\x18\x07 \x01(\x03\x12\x19\n\x11\x66ree_memory_bytes\x18\x08 \x01(\x03\x12%\n\x04kind\x18\t \x01(\x0e\x32\x17.freeride.v1.BubbleKind\"\xa9\x01\n\x0cTrainerHello\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\r\n\x05stage\x18\x02 \x01(\r\x12\x15\n\rshared_memory\x18\x03 \x01(\x08\x12\x14\n\x0cring_records\x18\x04 \x01(\r\x12\x10\n\x08schedule\x18\x05 \x01(\t\x12\x0e\n\x06stages\x18\x06 \x01(\r\x12\x14\n\x0cmicrobatches\x18\x07 \x01(\r\x12\x17\n\x0fstages_per_rank\x18\x08 \x01(\r\"a\n\x0b\x42ubbleBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.freeride.v1.BubbleEvent\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x19.freeride.v1.TrainerHello\"s\n\x0eTrainerWelcome\x12\x0b\n\x03gpu\x18\x01 \x01(\x05\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x13\n\x0bring_socket\x18\x03 \x01(\t\x12\x10\n\x08ring_key\x18\x04 \x01(\x0c\x12\x16\n\x0ehello_answered\x18\x05 \x01(\x08*U\n\nBubbleEdge\x12\x1b\n\x17\x42UBBLE_EDGE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UBBLE_EDGE_START\x10\x01\x12\x13\n\x0f\x42UBBLE_EDGE_END\x10\x02*\xa7\x01\n\nBubbleKind\x12\x1b\n\x17\x42UBBLE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x42UBBLE_KIND_FILL\x10\x01\x12\x16\n\x12\x42UBBLE_KIND_WARMUP\x10\x02\x12\x15\n\x11\x42UBBLE_KIND_DRAIN\x10\x03\x12\x18\n\x14\x42UBBLE_KIND_COOLDOWN\x10\x04\x12\x1d\n\x19\x42UBBLE_KIND_BETWEEN_STEPS\x10\x05\x32[\n\rBubbleService\x12J\n\rReportBubbles\x12\x18.freeride.v1.BubbleBatch\x1a\x1b.freeride.v1.TrainerWelcome(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66reeride/v1/trainer.proto\x12\x0b\x66reeride.v1\"\xe3\x01\n\x0b\x42ubbleEvent\x12%\n\x04\x65\x64ge\x18\x01 \x01(\x0e\x32\x17.freeride.v1.BubbleEdge\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x11\n\titeration\x18\x03 \x01(\x04\x12\r\n\x05stage\x18\x04 \x01(\r\x12\x0c\n\x04rank\x18\x05 \x01(\r\x12\x0f\n\x07time_ns\x18\x06 \x01(\x03\x12\x1c\n\x14\x65xpected_duration_ns\x18\x07 \x01(\x03\x12\x19\n\x11\x66ree_memory_bytes\x18\x08 \x01(\x03\x12%\n\x04kind\x18\t \x01(\x0e\x32\x17.freeride.v1.BubbleKind\"\xb6\x01\n\x0cTrainerHello\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\r\n\x05stage\x18\x02 \x01(\r\x12\x15\n\rshared_memory\x18\x03 \x01(\x08\x12\x14\n\x0cring_records\x18\x04 \x01(\r\x12\x10\n\x08schedule\x18\x05 \x01(\t\x12\x0e\n\x06stages\x18\x06 \x01(\r\x12\x14\n\x0cmicrobatches\x18\x07 \x01(\r\x12\x17\n\x0fstages_per_rank\x18\x08 \x01(\r\x12\x0b\n\x03pid\x18\t \x01(\r\"a\n\x0b\x42ubbleBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.freeride.v1.BubbleEvent\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x19.freeride.v1.TrainerHello\"s\n\x0eTrainerWelcome\x12\x0b\n\x03gpu\x18\x01 \x01(\x05\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x13\n\x0bring_socket\x18\x03 \x01(\t\x12\x10\n\x08ring_key\x18\x04 \x01(\x0c\x12\x16\n\x0ehello_answered\x18\x05 \x01(\x08*U\n\nBubbleEdge\x12\x1b\n\x17\x42UBBLE_EDGE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UBBLE_EDGE_START\x10\x01\x12\x13\n\x0f\x42UBBLE_EDGE_END\x10\x02*\xa7\x01\n\nBubbleKind\x12\x1b\n\x17\x42UBBLE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x42UBBLE_KIND_FILL\x10\x01\x12\x16\n\x12\x42UBBLE_KIND_WARMUP\x10\x02\x12\x15\n\x11\x42UBBLE_KIND_DRAIN\x10\x03\x12\x18\n\x14\x42UBBLE_KIND_COOLDOWN\x10\x04\x12\x1d\n\x19\x42UBBLE_KIND_BETWEEN_STEPS\x10\x05\x32[\n\rBubbleService\x12J\n\rReportBubbles\x12\x18.freeride.v1.BubbleBatch\x1a\x1b.freeride.v1.TrainerWelcome(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'freeride.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BUBBLEEDGE']._serialized_start=660
-  _globals['_BUBBLEEDGE']._serialized_end=745
-  _globals['_BUBBLEKIND']._serialized_start=748
-  _globals['_BUBBLEKIND']._serialized_end=915
+  _globals['_BUBBLEEDGE']._serialized_start=673
+  _globals['_BUBBLEEDGE']._serialized_end=758
+  _globals['_BUBBLEKIND']._serialized_start=761
+  _globals['_BUBBLEKIND']._serialized_end=928
   _globals['_BUBBLEEVENT']._serialized_start=43
   _globals['_BUBBLEEVENT']._serialized_end=270
   _globals['_TRAINERHELLO']._serialized_start=273
-  _globals['_TRAINERHELLO']._serialized_end=442
-  _globals['_BUBBLEBATCH']._serialized_start=444
-  _globals['_BUBBLEBATCH']._serialized_end=541
-  _globals['_TRAINERWELCOME']._serialized_start=543
-  _globals['_TRAINERWELCOME']._serialized_end=658
-  _globals['_BUBBLESERVICE']._serialized_start=917
-  _globals['_BUBBLESERVICE']._serialized_end=1008
+  _globals['_TRAINERHELLO']._serialized_end=455
+  _globals['_BUBBLEBATCH']._serialized_start=457
+  _globals['_BUBBLEBATCH']._serialized_end=554
+  _globals['_TRAINERWELCOME']._serialized_start=556
+  _globals['_TRAINERWELCOME']._serialized_end=671
+  _globals['_BUBBLESERVICE']._serialized_start=930
+  _globals['_BUBBLESERVICE']._serialized_end=1021
 # @@protoc_insertion_point(module_scope)

@@ -53,7 +53,7 @@ class BubbleEvent(_message.Message):
     def __init__(self, edge: _Optional[_Union[BubbleEdge, str]] = ..., slot: _Optional[int] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., rank: _Optional[int] = ..., time_ns: _Optional[int] = ..., expected_duration_ns: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., kind: _Optional[_Union[BubbleKind, str]] = ...) -> None: ...
 
 class TrainerHello(_message.Message):
-    __slots__ = ("rank", "stage", "shared_memory", "ring_records", "schedule", "stages", "microbatches", "stages_per_rank")
+    __slots__ = ("rank", "stage", "shared_memory", "ring_records", "schedule", "stages", "microbatches", "stages_per_rank", "pid")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class TrainerHello(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     STAGES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     rank: int
     stage: int
     shared_memory: bool
@@ -70,7 +71,8 @@ class TrainerHello(_message.Message):
     stages: int
     microbatches: int
     stages_per_rank: int
-    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., shared_memory: bool = ..., ring_records: _Optional[int] = ..., schedule: _Optional[str] = ..., stages: _Optional[int] = ..., microbatches: _Optional[int] = ..., stages_per_rank: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., shared_memory: bool = ..., ring_records: _Optional[int] = ..., schedule: _Optional[str] = ..., stages: _Optional[int] = ..., microbatches: _Optional[int] = ..., stages_per_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class BubbleBatch(_message.Message):
     __slots__ = ("events", "hello")

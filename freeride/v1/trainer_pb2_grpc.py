@@ -45,7 +45,9 @@ class BubbleServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ReportBubbles(self, request_iterator, context):
-        """A long-lived stream of bubble edges from one training rank.
+        """A long-lived stream of bubble edges from one training rank. One stream per rank: a hello whose
+        rank another open stream already claimed is refused with ALREADY_EXISTS (the reporter goes on
+        unreported and tries again in the background), and a stream's edges must carry its hello's rank.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -187,7 +187,7 @@ class AgentCommand(_message.Message):
     def __init__(self, setup: _Optional[_Union[WorkerSetup, _Mapping]] = ..., control: _Optional[_Union[Control, _Mapping]] = ...) -> None: ...
 
 class WorkerSetup(_message.Message):
-    __slots__ = ("task_ref", "args", "checkpoint_path", "checkpoint_interval_s", "mem_limit_bytes", "window_file")
+    __slots__ = ("task_ref", "args", "checkpoint_path", "checkpoint_interval_s", "mem_limit_bytes")
     class ArgsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,14 +200,12 @@ class WorkerSetup(_message.Message):
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     MEM_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
-    WINDOW_FILE_FIELD_NUMBER: _ClassVar[int]
     task_ref: str
     args: _containers.ScalarMap[str, str]
     checkpoint_path: str
     checkpoint_interval_s: float
     mem_limit_bytes: int
-    window_file: str
-    def __init__(self, task_ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., checkpoint_path: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., mem_limit_bytes: _Optional[int] = ..., window_file: _Optional[str] = ...) -> None: ...
+    def __init__(self, task_ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., checkpoint_path: _Optional[str] = ..., checkpoint_interval_s: _Optional[float] = ..., mem_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class Control(_message.Message):
     __slots__ = ("action",)

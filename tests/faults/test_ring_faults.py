@@ -46,6 +46,7 @@ from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc
 
 ASK_TIMEOUT_S = 30.0
+STALL_S = 5.0  # the agent answers Stats in milliseconds: not within this, its loop is stuck (a ring reader spins)
 FINAL_ITERATION = 10**6  # the iteration of the bubble a trainer reports last ("finish")
 
 # A training rank in its own process. Commands (one a line), each answered by one JSON line of the
@@ -234,6 +235,18 @@ def rings(directory: Path, gpu: int = 0) -> list[Path]:
     return sorted(p for p in directory.glob(f"ring-gpu{gpu}-*") if p.suffix in (".shm", ".sock"))
 
 
+def stats_within(c: AgentClient, after: str) -> tasks_pb2.StatsResponse:
+    """Stats, which takes every ring's unread records first, answered within STALL_S: a ring reader that stalls
+    fails here with a clear message, not at the client's 30 s deadline nor at pytest's 120 s timeout."""
+    try:
+        return c.tasks.Stats(tasks_pb2.StatsRequest(), timeout=STALL_S)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise AssertionError(f"the agent did not answer Stats within {STALL_S:g} s {after}: its loop is stuck, "
+                                 "most likely in a ring reader that stalls") from None
+        raise
+
+
 def wait_attached(c: AgentClient) -> None:
     """Until the agent says a stream's edges now come through its ring (it handed the ring over)."""
 
@@ -409,7 +422,7 @@ def test_garbage_written_over_a_ring_never_hurts_the_agent(agent: TaggedAgent, t
             )
             assert scribbler.stdout is not None
             for _ in scribbler.stdout:  # every 500 passes over the records: the agent answers, counts never shrink
-                rejected.append(c.stats().gpu.rejected_events)
+                rejected.append(stats_within(c, "while its ring was scribbled").gpu.rejected_events)
             assert scribbler.wait(30) == 0 and len(rejected) == 7
             assert rejected == sorted(rejected)
             assert trainer.ask("state")["iterations"] > trained  # the trainer trained on throughout
@@ -453,6 +466,7 @@ def test_ring_files_carry_the_socket_permissions_go_with_their_stream_and_open_o
             # They are the stream's ring: an edge written there reaches the agent.
             writer = RingWriter(map_ring(ring_fd, os.fstat(ring_fd).st_size), wake_fd)
             writer.put(EDGE_START, 0, 0, time.monotonic_ns(), 0, 0, 0)
+            stats_within(c, "after an edge into a ring of scribbled commit words")
             raw.close()
             os.close(ring_fd)
             os.close(wake_fd)
@@ -519,6 +533,7 @@ def scribble_three_rings(agent: TaggedAgent, records: int) -> None:
                           HEADER_BYTES + slot * RECORD_BYTES)
             os.close(fd)
             writer.put(EDGE_START, 0, 0, time.monotonic_ns(), 0, 0, 0)
+            stats_within(c, "after an edge into a ring of scribbled commit words")
             raw.close()
             os.close(ring_fd)
             os.close(wake_fd)

@@ -108,11 +108,17 @@ def test_a_stop_during_a_periodic_checkpoint_waits_for_it_and_then_checkpoints_a
     assert "killing" not in agent.log_path.read_text()
 
 
-def test_a_task_that_closes_the_workers_file_descriptors_fails_with_that_cause_not_a_grpc_abort(
-    agent: AgentProcess, client,  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("where", ["step", "init", "setup"])
+def test_a_task_that_closes_the_workers_file_descriptors_fails_at_once_with_that_cause_not_a_grpc_abort(
+    agent: AgentProcess, client, where: str,  # type: ignore[no-untyped-def]
 ) -> None:
-    task = client.submit(S.TaskSpec(ref=ref("lifecycle", "ClosesFds"), max_restarts=0))
+    """Wherever it happens (a step, its constructor, setup()), the same reason and no restart: not 'worker killed
+    by SIGABRT: *** Check failure stack trace ***' (gRPC's C core) after three pointless restarts."""
+    task_spec = (S.TaskSpec(ref=ref("lifecycle", "ClosesFds")) if where == "step" else
+                 S.TaskSpec(ref=ref("lifecycle", "ClosesFdsWhenBuilt"), args={"where": where}))
+    task = client.submit(task_spec)  # the agent's default restarts (3): none may be used
     with BackgroundTrainer(agent, [20.0]):
         info = wait_for_task(client, task.id, [S.TASK_STATE_FAILED])
-    assert "the worker's window pipe (fd " in info.reason
-    assert "was closed: Bad file descriptor" in info.reason
+    assert info.reason.startswith("the worker's window pipe (fd "), info.reason
+    assert "was closed: Bad file descriptor; the task closed file descriptors it did not open" in info.reason
+    assert info.restarts == 0, info.reason

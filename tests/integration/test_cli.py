@@ -198,15 +198,22 @@ def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two
     streams = sorted(stats["gpu"]["trainer_streams"], key=lambda t: t["rank"])
     assert [(t["rank"], t["stage"], t["path"]) for t in streams] == [(0, 0, "shm"), (1, 1, "grpc")]
     for t in streams:
-        assert t["peer"].startswith("unix:")
-        assert all(type(t[n]) is int for n in ("edges", "rejected", "dropped")), t  # numbers, not proto's strings
+        assert t["peer"].startswith("unix:") and t["pid"] == os.getpid(), t  # the hello's pid names the trainer
+        assert all(type(t[n]) is int for n in ("edges", "rejected", "dropped", "pid")), t  # numbers, not strings
 
     table = freeride("stats", "--agent", agent.socket)
     assert table.returncode == 0 and table.stderr == "", table.stderr
     assert "┃ rank " in table.stdout, table.stdout  # the trainers table
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.stdout.splitlines()]
-    assert [r[:6] for r in rows if r[2:3] in (["shm"], ["grpc"])] == [  # rank, stage, path, edges, rejected, dropped
-        ["0", "0", "shm", "0", "0", "0"], ["1", "1", "grpc", "0", "0", "0"]], table.stdout
+    pid = str(os.getpid())
+    assert [r for r in rows if r[3:4] in (["shm"], ["grpc"])] == [  # rank, stage, pid, path, edges, ..., peer
+        ["0", "0", pid, "shm", "0", "0", "0", "this host"], ["1", "1", pid, "grpc", "0", "0", "0", "this host"]
+    ], table.stdout
+    assert "unix:" not in table.stdout.split("trainers", 1)[1], table.stdout  # (the agent's own address may say it)
+    # The agent's log names each trainer by rank and pid too, not by its unix socket's empty peer address.
+    log_text = agent.log_path.read_text()
+    assert f"trainer rank 0 (pid {pid}) connected" in log_text and f"trainer rank 1 (pid {pid}) connected" in log_text
+    assert "(unix:)" not in log_text, log_text
 
     top = freeride("top", "--once", "--agent", agent.socket)
     assert top.returncode == 0, top.stderr

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,10 +144,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+CHECK_TIMEOUT_S = 3.0
+# The submit returns this long at most after its check began importing: the check's limit plus its kill, the
+# wait for its pipes (2 s at most) and a loaded 2-core runner's slack. Far below the 60 s a submit may wait in
+# the queue for a slot and the 20 s default limit: a flag not honoured fails here, not by the test's timeout.
+SUBMIT_BOUND_S = CHECK_TIMEOUT_S + 9.0
+
+
 @pytest.fixture
 def quick_check_agent(short_dir: Path) -> Iterator[AgentProcess]:
-    env = {**_env(), "FREERIDE_CHECK_TIMEOUT_S": "3"}
-    agent = AgentProcess(state_dir=short_dir / "state", extra_args=["--fake-gpu"], env=env).start()
+    agent = AgentProcess(state_dir=short_dir / "state",
+                         extra_args=["--fake-gpu", "--check-timeout-s", f"{CHECK_TIMEOUT_S:g}"], env=_env()).start()
     try:
         yield agent
     finally:
@@ -161,11 +169,20 @@ def test_a_task_that_hangs_at_import_is_refused_in_bounded_time_and_its_check_is
         [sys.executable, "-m", "freeride", "submit", "--agent", quick_check_agent.target, f"{task}:Hangs"],
         env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    pids = _pids_from(fifo)
-    out, err = submit.communicate(timeout=60)
+    pids = _pids_from(fifo)  # the check is in the task's import now: its limit runs
+    began = time.monotonic()
+    try:
+        out, err = submit.communicate(timeout=SUBMIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        submit.kill()
+        submit.communicate()
+        pytest.fail(f"the submit was still waiting {SUBMIT_BOUND_S:g} s after its check began importing, with "
+                    f"--check-timeout-s {CHECK_TIMEOUT_S:g}: the check's limit was not honoured")
+    waited_s = time.monotonic() - began
+    assert waited_s >= CHECK_TIMEOUT_S - 1.0, f"refused after {waited_s:.1f} s: before its {CHECK_TIMEOUT_S:g} s"
 
     line = _one_line(subprocess.CompletedProcess(submit.args, submit.returncode, out, err))
-    assert f"importing '{task}' did not finish in 3 s" in line, line
+    assert f"importing '{task}' did not finish in {CHECK_TIMEOUT_S:g} s" in line, line
     assert wait_gone(pids, 10) == [], "the check (or what it started) outlived its time limit"
     with quick_check_agent.client() as c:  # the agent is still up and answers
         assert c.list() == []

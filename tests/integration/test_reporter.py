@@ -5,6 +5,8 @@ And the agent's end of the stream rejects (and counts) edges that cannot be real
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FAST, bubbles
+from conftest import FAST, bubbles, spec
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, replay
@@ -225,3 +227,52 @@ def test_sigterm_with_a_trainer_connected_ends_its_stream_cleanly_and_the_traine
         successor.stop()
     finally:
         reporter.close()
+
+
+class _Both:
+    """Two reporters fed the same edges, as two training processes claiming one rank would send them."""
+
+    def __init__(self, *reporters: BubbleReporter) -> None:
+        self._reporters = reporters
+
+    def set_iteration(self, iteration: int) -> None:
+        for r in self._reporters:
+            r.set_iteration(iteration)
+
+    def start(self, slot: int, kind: int = 0, free_memory_bytes: int = 0) -> None:
+        for r in self._reporters:
+            r.start(slot, kind, free_memory_bytes=free_memory_bytes)
+
+    def end(self, slot: int, kind: int = 0) -> None:
+        for r in self._reporters:
+            r.end(slot, kind)
+
+
+def test_a_second_trainer_claiming_a_rank_is_refused_said_once_and_the_first_is_accounted_exactly(
+    agent: AgentProcess, client: AgentClient, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Round 2, item 10: two trainers on one rank were both accepted, and their interleaved edges lost 43 % of the
+    bubbles and opened more windows than there were bubbles."""
+    client.submit(spec("Counter", step_ms=0.5))
+    first = BubbleReporter(agent.target, rank=0)
+    second = BubbleReporter(agent.target, rank=0, **FAST_RECONNECT)
+    try:
+        assert first.wait_connected(10), agent.log_tail()
+        with caplog.at_level(logging.WARNING, logger="freeride.trainer.reporter"):
+            assert second.wait_refused(3, 20), f"the second trainer of rank 0 was not refused: path {second.path!r}"
+        assert second.path == "" and not second.wait_connected(0)
+        assert f"rank 0 is already reported to this agent by trainer rank 0 (pid {os.getpid()})" in second.refused
+        said = [r.getMessage() for r in caplog.records if "refused rank 0" in r.getMessage()]
+        assert len(said) == 1 and "training goes on without its bubbles harvested" in said[0], said
+
+        iterations = 12
+        replay(_Both(first, second), bubbles(iterations, [4.0, 4.0], compute_ms=1.0))  # interleaved, both ranks 0
+        gpu = client.stats().gpu
+        assert (gpu.events, gpu.bubbles, gpu.trainers) == (4 * iterations, 2 * iterations, 1), gpu
+        assert 0 < gpu.windows <= gpu.bubbles, gpu
+        assert second.sent == 0 and second.dropped == 4 * iterations  # dropped and counted, never raised
+    finally:
+        first.close()
+        second.close()
+    refusals = [line for line in agent.log_path.read_text().splitlines() if "refused" in line]
+    assert len(refusals) == 1 and "rank 0 is already reported" in refusals[0], refusals

@@ -71,3 +71,18 @@ class ClosesFds(Counter):
         super().step()
         if self.count == self.at:
             os.closerange(3, 1024)
+
+
+class ClosesFdsWhenBuilt(Counter):
+    """Closes every file descriptor from 3 up in its constructor (`where="init"`) or in setup() (`"setup"`)."""
+
+    def __init__(self, where: str = "init") -> None:
+        super().__init__(1.0)
+        self.where = where
+        if where == "init":
+            os.closerange(3, 1024)
+
+    def setup(self) -> None:
+        super().setup()
+        if self.where == "setup":
+            os.closerange(3, 1024)

@@ -74,7 +74,6 @@ class ManualTimers:
 
 @dataclass
 class FakeWindow:
-    path: Path = Path("/nonexistent/window")
     calls: list[tuple[object, ...]] = field(default_factory=list)
 
     def grant(self, window_id: int, until_ns: int) -> None:

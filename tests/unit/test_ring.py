@@ -10,10 +10,13 @@ a wrong check word, a scribbled tail, random bytes everywhere. Last, the agent's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import random
+import signal
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,28 @@ FIRST_WORD = HEADER_BYTES // 8  # the first record's first int64 word
 WORDS_PER_RECORD = RECORD_BYTES // 8
 CHECK, COMMIT = 6, 7  # a record's check word and its commit word (written last)
 NOW = 10**12  # a plausible CLOCK_MONOTONIC stamp
+STALL_S = 5.0  # a take returns in microseconds: one that has not after this long spins on a scribbled word
+
+
+@contextlib.contextmanager
+def returns_within(seconds: float, what: str) -> Iterator[None]:
+    """Fail at once, saying so, when `what` does not return in time, rather than at pytest's 120 s timeout: a
+    SIGALRM interrupts it (the reader is pure Python, so the handler runs inside its loop). A timer already
+    armed (pytest-timeout's) is armed again afterwards with the time it had left."""
+
+    def stalled(_signum: int, _frame: object) -> None:
+        raise AssertionError(f"{what} did not return within {seconds:g} s: the ring reader stalls")
+
+    before = signal.signal(signal.SIGALRM, stalled)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, left - (time.monotonic() - began)))
 
 
 @dataclass
@@ -74,6 +99,11 @@ class Ring:
 
     def set_word(self, pos: int, index: int, value: int) -> None:
         self.words[FIRST_WORD + (pos % RECORDS) * WORDS_PER_RECORD + index] = value
+
+    def take(self, limit: int = 1 << 30) -> list[Record]:
+        """The reader's take, bounded in time: a stall fails the test in STALL_S with a clear message."""
+        with returns_within(STALL_S, "RingReader.take()"):
+            return self.reader.take(limit)
 
     def wakes_pending(self) -> int:
         """What the writer wrote to the eventfd since the last call (0: no wake-up)."""
@@ -112,13 +142,13 @@ def test_records_come_out_in_order_with_every_field_intact(ring: Ring) -> None:
     ring.writer.put(EDGE_START, 7, 41, NOW, 5_000_000, 1 << 30, 2)
     ring.writer.put(EDGE_END, 7, 41, NOW + 5_000_000, 0, 0, 2)
     assert ring.writer.queued == 2
-    taken = ring.reader.take()
+    taken = ring.take()
     assert taken == [
         Record(EDGE_START, 2, 7, 41, NOW, 5_000_000, 1 << 30),
         Record(EDGE_END, 2, 7, 41, NOW + 5_000_000, 0, 0),
     ]
     assert all(record_ok(r, NOW + 5_000_000) for r in taken)  # the agent's bounds read the fields as written
-    assert ring.writer.queued == 0 and ring.reader.take() == []
+    assert ring.writer.queued == 0 and ring.take() == []
     assert (ring.reader.corrupt, ring.reader.lost, ring.reader.dropped_by_writer) == (0, 0, 0)
 
 
@@ -129,9 +159,9 @@ def test_records_keep_their_order_across_many_laps_and_a_take_limit(ring: Ring) 
         for _ in range(burst):
             ring.put(seq)
             seq += 1
-        first = ring.reader.take(limit=3)  # a limited take leaves the rest for the next one
+        first = ring.take(limit=3)  # a limited take leaves the rest for the next one
         assert len(first) == min(3, burst)
-        taken += seqs(first) + seqs(ring.reader.take())
+        taken += seqs(first) + seqs(ring.take())
     assert taken == list(range(seq)) and seq > 4 * RECORDS
     assert ring.writer.dropped == 0 and ring.reader.lost == 0 and ring.reader.corrupt == 0
 
@@ -141,10 +171,10 @@ def test_a_full_ring_drops_and_counts_and_never_overwrites_unread_records(ring: 
         ring.put(seq)
     assert ring.writer.written == RECORDS and ring.writer.dropped == 10
     assert ring.reader.dropped_by_writer == 10 and ring.words[W_DROPPED] == 10
-    assert seqs(ring.reader.take()) == list(range(RECORDS))  # the oldest 64, untouched by the 10 dropped
+    assert seqs(ring.take()) == list(range(RECORDS))  # the oldest 64, untouched by the 10 dropped
     # Room again: the next edges go in, and the drop count stays what it was.
     ring.put(1000)
-    assert seqs(ring.reader.take()) == [1000]
+    assert seqs(ring.take()) == [1000]
     assert ring.reader.dropped_by_writer == 10
 
 
@@ -153,14 +183,14 @@ def test_a_full_ring_drops_and_counts_and_never_overwrites_unread_records(ring: 
 
 def test_a_record_without_its_commit_word_is_never_taken_until_the_commit_lands(ring: Ring) -> None:
     ring.put(0)
-    assert seqs(ring.reader.take()) == [0]
+    assert seqs(ring.take()) == [0]
     # A trainer killed between the payload and the commit word: words 0..6 of record 1 landed, word 7 (and the
     # header's head, written after it) did not.
     ring.put(1)
     commit = ring.word(1, COMMIT)
     ring.set_word(1, COMMIT, 0)
     ring.words[W_HEAD] = 1
-    assert ring.reader.take() == [] and ring.reader.take() == []
+    assert ring.take() == [] and ring.take() == []
     assert ring.reader.sleep() is True  # nothing committed: the agent may wait
     assert ring.reader.tail == 1 and ring.reader.corrupt == 0
     # Packed by hand, the same: the payload alone, in place, is not a record.
@@ -169,12 +199,12 @@ def test_a_record_without_its_commit_word_is_never_taken_until_the_commit_lands(
     struct.pack_into("<8q", ring.mm, HEADER_BYTES + 2 * RECORD_BYTES, *([0] * 8))
     struct.pack_into("<7q", ring.mm, HEADER_BYTES + 2 * RECORD_BYTES, *payload)
     ring.words[W_HEAD] = 1
-    assert ring.reader.take() == []
+    assert ring.take() == []
     # The commit words land, then the head (the writer was only slow): both records appear, in order, intact.
     ring.set_word(1, COMMIT, commit)
     ring.set_word(2, COMMIT, 3)
     ring.words[W_HEAD] = 3
-    assert seqs(ring.reader.take()) == [1, 2]
+    assert seqs(ring.take()) == [1, 2]
     assert ring.reader.sleep() is True and ring.reader.corrupt == 0
 
 
@@ -182,12 +212,12 @@ def test_a_record_with_a_wrong_check_word_is_skipped_and_counted_and_the_next_on
     for seq in range(3):
         ring.put(seq)
     ring.set_word(1, 1, ring.word(1, 1) ^ 0x10)  # one bit of record 1's slot flipped after its check was computed
-    assert seqs(ring.reader.take()) == [0, 2]
+    assert seqs(ring.take()) == [0, 2]
     assert ring.reader.corrupt == 1 and ring.reader.lost == 0
     ring.put(3)
     ring.set_word(3, CHECK, 12345)  # the check word itself scribbled
     ring.put(4)
-    assert seqs(ring.reader.take()) == [4]
+    assert seqs(ring.take()) == [4]
     assert ring.reader.corrupt == 2
 
 
@@ -195,19 +225,19 @@ def test_a_negative_edge_word_is_refused_even_with_a_matching_check(ring: Ring) 
     # The check covers the words, not their meaning: edge|kind<<8 < 0 (a kind of 2**55 and more) is refused here.
     ring.writer.put(EDGE_START, 0, 0, NOW, 0, 0, -1)
     ring.put(1)
-    assert seqs(ring.reader.take()) == [1]
+    assert seqs(ring.take()) == [1]
     assert ring.reader.corrupt == 1
 
 
 def test_a_tail_scribbled_far_ahead_lets_the_writer_lap_and_the_reader_recovers(ring: Ring) -> None:
     for seq in range(5):
         ring.put(seq)
-    assert seqs(ring.reader.take()) == list(range(5))
+    assert seqs(ring.take()) == list(range(5))
     ring.words[W_TAIL] = 10**6  # someone wrote the agent's tail word: the writer thinks the ring is empty
     for seq in range(5, 5 + 3 * RECORDS):
         ring.put(seq)
     assert ring.writer.dropped == 0  # it lapped the reader twice instead of dropping
-    taken = ring.reader.take()
+    taken = ring.take()
     # What was overwritten is skipped and counted; the last lap's records come out in order.
     assert seqs(taken) == list(range(5 + 2 * RECORDS, 5 + 3 * RECORDS))
     assert ring.reader.lost == 2 * RECORDS and ring.reader.corrupt == 0
@@ -216,18 +246,18 @@ def test_a_tail_scribbled_far_ahead_lets_the_writer_lap_and_the_reader_recovers(
     for seq in range(RECORDS + 1):
         ring.put(10_000 + seq)
     assert ring.writer.dropped == 1
-    assert seqs(ring.reader.take()) == list(range(10_000, 10_000 + RECORDS))
+    assert seqs(ring.take()) == list(range(10_000, 10_000 + RECORDS))
 
 
 def test_a_tail_scribbled_backwards_drops_edges_until_the_reader_writes_the_tail_again(ring: Ring) -> None:
     ring.put(0)
-    assert seqs(ring.reader.take()) == [0]
+    assert seqs(ring.take()) == [0]
     ring.words[W_TAIL] = -(10**6)  # the ring looks full to the writer
     ring.put(1)
-    assert ring.writer.dropped == 1 and ring.reader.take() == []  # dropped and counted, nothing invented
+    assert ring.writer.dropped == 1 and ring.take() == []  # dropped and counted, nothing invented
     assert ring.words[W_TAIL] == 1  # the reader's take wrote its tail back
     ring.put(2)
-    assert seqs(ring.reader.take()) == [2]
+    assert seqs(ring.take()) == [2]
     assert ring.reader.dropped_by_writer == 1
 
 
@@ -236,13 +266,13 @@ def test_garbage_over_the_records_and_header_never_raises_and_never_yields_a_rec
     rng = random.Random(seed)
     for seq in range(10):
         ring.put(seq)
-    ring.reader.take(limit=4)  # the reader somewhere in the middle, records unread ahead of it
+    ring.take(limit=4)  # the reader somewhere in the middle, records unread ahead of it
     for _ in range(50):
         # Everything but the header's first three words (magic, version, record count); then a take, which
         # returns whatever the bytes (the reader's and the writer's positions live in their own memory).
         ring.mm[3 * 8:HEADER_BYTES] = rng.randbytes(HEADER_BYTES - 3 * 8)
         ring.mm[HEADER_BYTES:] = rng.randbytes(RECORDS * RECORD_BYTES)
-        out = ring.reader.take()
+        out = ring.take()
         assert out == []  # a 64-bit check word matched by chance: 2**-64 per record
         ring.reader.awake()
         ring.reader.sleep()
@@ -252,23 +282,23 @@ def test_garbage_over_the_records_and_header_never_raises_and_never_yields_a_rec
 
 def test_a_scribbled_commit_word_does_not_move_the_tail_and_the_ring_goes_on(ring: Ring) -> None:
     ring.put(0)
-    assert seqs(ring.reader.take()) == [0]
+    assert seqs(ring.take()) == [0]
     # Garbage in the next record whose commit word looks like a lap ((commit - 1) % records == tail % records).
     struct.pack_into("<8q", ring.mm, HEADER_BYTES + RECORD_BYTES, 1, 2, 3, 4, 5, 6, 7, (1 << 62) + 2)
-    assert ring.reader.take() == []
+    assert ring.take() == []
     ring.put(1)  # the trainer's next edge overwrites the garbage: a good record where the reader stands
     assert ring.reader.lost == 0
-    assert seqs(ring.reader.take()) == [1]
+    assert seqs(ring.take()) == [1]
 
 
 def test_a_record_scribbled_whole_is_counted_and_the_records_after_it_still_arrive(ring: Ring) -> None:
     for seq in range(3):
         ring.put(seq)
     struct.pack_into("<8q", ring.mm, HEADER_BYTES + RECORD_BYTES, 1, 2, 3, 4, 5, 6, 7, 12345)  # record 1, unread
-    taken = seqs(ring.reader.take())
+    taken = seqs(ring.take())
     for seq in range(3, 3 + 4 * RECORDS):  # the trainer goes on, the agent takes after each edge
         ring.put(seq)
-        taken += seqs(ring.reader.take())
+        taken += seqs(ring.take())
     assert taken[0] == 0 and 1 not in taken
     assert taken[-1] == 2 + 4 * RECORDS  # the newest edge got through
     assert ring.reader.corrupt + ring.reader.lost >= 1  # and the scribbled record was counted
@@ -280,7 +310,7 @@ def test_a_record_scribbled_whole_is_counted_and_the_records_after_it_still_arri
 def test_the_writer_wakes_the_reader_only_while_it_sleeps(ring: Ring) -> None:
     ring.put(0)  # the reader has not announced a wait: no wake-up
     assert ring.wakes_pending() == 0 and ring.writer.wakes == 0
-    assert seqs(ring.reader.take()) == [0]
+    assert seqs(ring.take()) == [0]
     assert ring.reader.sleep() is True and ring.words[W_SLEEP] % 2 == 1  # waiting: an odd generation
     ring.put(1)
     ring.put(2)
@@ -289,17 +319,17 @@ def test_the_writer_wakes_the_reader_only_while_it_sleeps(ring: Ring) -> None:
     assert ring.words[W_SLEEP] % 2 == 0
     ring.put(3)
     assert ring.wakes_pending() == (0 if ORDERED_FENCE else 1)  # (no full fence: every edge wakes)
-    assert seqs(ring.reader.take()) == [1, 2, 3]
+    assert seqs(ring.take()) == [1, 2, 3]
     assert ring.reader.sleep() is True  # a new generation: the writer wakes it again
     ring.put(4)
     assert ring.wakes_pending() == 1
-    assert seqs(ring.reader.take()) == [4]
+    assert seqs(ring.take()) == [4]
 
 
 def test_sleep_says_false_when_a_record_slipped_in_before_it(ring: Ring) -> None:
     ring.put(0)
     assert ring.reader.sleep() is False  # committed before the wait was announced: take it first
-    assert seqs(ring.reader.take()) == [0]
+    assert seqs(ring.take()) == [0]
     assert ring.reader.sleep() is True
     assert ring.wakes_pending() == 0
 
@@ -312,7 +342,7 @@ def test_a_second_sleep_in_the_same_wait_keeps_the_generation(ring: Ring) -> Non
     assert ring.reader.sleep() is False and ring.words[W_SLEEP] == gen  # the same wait, the same generation
     ring.put(1)
     assert ring.wakes_pending() == 1
-    assert seqs(ring.reader.take()) == [0, 1]
+    assert seqs(ring.take()) == [0, 1]
 
 
 # -- sizes and headers ---------------------------------------------------------------------------------------
@@ -407,7 +437,8 @@ def test_a_channel_closed_while_a_full_batch_waits_for_its_next_turn_is_not_read
         finally:
             os.close(wake_fd)
 
-    asyncio.run(flood_then_close())
+    with returns_within(STALL_S, "the channel's pump and close"):
+        asyncio.run(flood_then_close())
     assert seqs(taken) == list(range(5000))
     assert list(tmp_path.iterdir()) == []  # the ring file and the hand-over socket are gone
     assert errors == []

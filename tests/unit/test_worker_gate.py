@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,20 +15,28 @@ import pytest
 from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
 from freeride.sdk.estimate import StepEstimator
-from freeride.sdk.worker import _MIN_RETRY_S, _PROBE_AFTER_WINDOWS, _Gate, _gpu_index, _Shared, backoff_delays
+from freeride.sdk.worker import (
+    _MIN_RETRY_S,
+    _PROBE_AFTER_WINDOWS,
+    _Gate,
+    _gpu_index,
+    _PlumbingError,
+    _Shared,
+    backoff_delays,
+)
 from freeride.v1 import worker_pb2 as pb
 
 
 class Harness:
     def __init__(self, tmp_path: Path) -> None:
-        self.writer = WindowWriter(tmp_path / "w.win")
+        self.writer = WindowWriter()
         self.sent: list[pb.WorkerMessage] = []
         self.window_done = threading.Event()
         self.waiting = threading.Event()  # set by WorkerWaiting(waiting=true)
         self.checkpoints = threading.Event()  # set by a forced checkpoint (one asked by the agent)
         self.shared = _Shared()
         self.gate = _Gate(self.shared, self._send, StepEstimator(), self._on_idle)
-        self.gate.window = WindowReader(str(self.writer.path), self.writer.read_fd)
+        self.gate.window = WindowReader(*self.writer.child_fds())
 
     def _send(self, msg: pb.WorkerMessage) -> None:
         self.sent.append(msg)
@@ -288,3 +297,19 @@ def test_steps_far_longer_than_every_window_are_not_run_again_to_measure_them(tm
     assert refused(2) == (2, 2_000_000_000)  # judged by the warm-up step, and the agent hears it
     h.gate.estimator.add(2_000_000_000)  # a lone sample (as a second step would have left)
     assert refused(3) == (3, 2_000_000_000)  # kept: not forgotten to measure it again
+
+
+def test_a_closed_pipe_is_caught_even_when_a_file_the_task_opened_took_its_number(tmp_path: Path) -> None:
+    """closerange in the task's constructor, then a file it opens gets the window pipe's number: an fstat alone
+    would find that number open and miss it."""
+    h = Harness(tmp_path)
+    h.gate.know_pipes()
+    h.gate.check_pipes(everyone=True)  # all there
+    fd = h.gate.window.fd if h.gate.window is not None else -1
+    other = os.open(tmp_path / "task-output.txt", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.dup2(other, fd)  # closes the pipe's read end, and the number now names the task's file
+        with pytest.raises(_PlumbingError, match=rf"the worker's window pipe \(fd {fd}\) was closed: its number"):
+            h.gate.check_pipes()
+    finally:
+        os.close(other)

@@ -17,7 +17,7 @@ import pytest
 from test_worker_gate import Harness
 
 from freeride import TaskStop
-from freeride.core.window import WindowWriter
+from freeride.core.window import WindowReader, WindowWriter
 from freeride.sdk.worker import Worker
 from freeride.v1 import worker_pb2 as pb
 
@@ -66,12 +66,11 @@ class InProcessWorker:
     to the agent read off its queue (nothing is sent: its gRPC channel is never used)."""
 
     def __init__(self, tmp_path: Path, name: str, **args: object) -> None:
-        self.writer = WindowWriter(tmp_path / "w.win")
+        self.writer = WindowWriter()
         self.checkpoint = tmp_path / "task.ckpt"
-        self.worker = Worker("unix:/nonexistent", "1", 1, self.writer.read_fd)
+        self.worker = Worker("unix:/nonexistent", "1", 1, WindowReader(*self.writer.child_fds()))
         self.setup = pb.WorkerSetup(task_ref=f"{LIFECYCLE}:{name}", args={k: str(v) for k, v in args.items()},
-                                    checkpoint_path=str(self.checkpoint), checkpoint_interval_s=0.001,
-                                    window_file=str(self.writer.path))
+                                    checkpoint_path=str(self.checkpoint), checkpoint_interval_s=0.001)
         self.code: list[int] = []
         self._thread = threading.Thread(target=lambda: self.code.append(self.worker._run_task(self.setup)),
                                         daemon=True)
