@@ -103,7 +103,15 @@ def encoder(model: nn.Module) -> tuple[Callable[[str], list[int]], Callable[[lis
     enc, dec = getattr(model, "encode", None), getattr(model, "decode", None)
     if callable(enc) and callable(dec):
         return enc, dec
-    return lambda text: list(text.encode()), lambda ids: bytes(i for i in ids if 0 <= i < VOCAB).decode("utf-8", errors="replace")
+    return _utf8_encode, _utf8_decode
+
+
+def _utf8_encode(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def _utf8_decode(ids: list[int]) -> str:
+    return bytes(i for i in ids if 0 <= i < VOCAB).decode("utf-8", errors="replace")
 
 
 # -- the shipped model: the demo's byte-level transformer, with a KV cache -------------------------------------------
@@ -141,7 +149,7 @@ class ByteDecoder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        b, t = tokens.shape
+        t = tokens.shape[1]
         past = mask.shape[1] - t
         x = self.embed(tokens) + self.pos(positions.clamp(0, self.max_len - 1))
         causal = torch.ones(t, past + t, dtype=torch.bool, device=tokens.device).tril(past)
