@@ -19,7 +19,7 @@ from freeride.errors import (
     TaskStop,
     Unavailable,
 )
-from freeride.sdk import ImperativeTask, IterativeTask, TaskContext
+from freeride.sdk import ImperativeTask, IterativeTask, StepBudget, TaskContext
 
 if TYPE_CHECKING:
     from freeride.client import Client
@@ -56,6 +56,7 @@ __all__ = [
     "PoolError",
     "PoolItem",
     "PoolTask",
+    "StepBudget",
     "TaskContext",
     "TaskNotFoundError",
     "TaskRefError",

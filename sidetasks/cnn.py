@@ -20,8 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from freeride import IterativeTask
-from sidetasks.budget import StepBudget
+from freeride import IterativeTask, StepBudget
 
 _CLASSES = 10
 

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from freeride import IterativeTask
-from sidetasks.budget import StepBudget
+from freeride import IterativeTask, StepBudget
 from sidetasks.graphs import rmat_edges
 
 

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from freeride import IterativeTask, PoolItem, PoolTask
-from sidetasks.budget import StepBudget
+from freeride import IterativeTask, PoolItem, PoolTask, StepBudget
 from sidetasks.files import check_src_dir, cli_parser, print_items, publish, under
 
 #: Photographs (not drawings or test patterns) that ship in the scikit-image wheel itself.

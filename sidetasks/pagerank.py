@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from freeride import IterativeTask
-from sidetasks.budget import StepBudget
+from freeride import IterativeTask, StepBudget
 from sidetasks.components import ConnectedComponents
 from sidetasks.graphs import csr_row_blocks, rmat_edges
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,8 @@ class BubbleLoop:
 
 
 class PoolRun:
-    """`agents` agents (state in root/stateK, GPU K) draining the pool at `url` with FilePool into root/out.
+    """`agents` agents (state in root/stateK, GPU K) draining the pool at `url` with FilePool into root/out
+    (or with the pool task `task_ref` and its `task_args`, beside `pool`).
 
     `make_agent(state_dir, gpu)` builds each agent (and the one that replaces a killed one); by
     default a plain AgentProcess on a fake GPU with `agent_args`. Use as a context manager: closing
@@ -96,7 +97,8 @@ class PoolRun:
 
     def __init__(self, root: Path, url: str, agents: int, *, work_us: float = 0.0, cpu: bool = True,
                  max_step_ms: float = 0.0, bubble_ms: float = 20.0, period_ms: float = 30.0,
-                 agent_args: Sequence[str] = FAKE_GPU, make_agent: AgentFactory | None = None) -> None:
+                 agent_args: Sequence[str] = FAKE_GPU, make_agent: AgentFactory | None = None,
+                 task_ref: str = FILE_POOL, task_args: Mapping[str, str] | None = None) -> None:
         if agents < 1:
             raise ValueError(f"need at least one agent, got {agents}")
         self.root = root
@@ -117,22 +119,24 @@ class PoolRun:
         self.pool = Pool(pool_url, client=redis.Redis.from_url(pool_url.redis_url, socket_timeout=10.0,
                                                                  retry=Retry(NoBackoff(), 1)))
         self._loops: list[BubbleLoop | None] = [None] * agents
+        self.task_ref = task_ref
+        self.task_args = dict(task_args) if task_args is not None else {
+            "out_dir": str(self.out_dir), "work_us": repr(float(self.work_us)),
+            "max_step_ms": repr(float(self.max_step_ms)), "cpu": str(self.cpu)}
 
     # -- set-up ----------------------------------------------------------------------------------------------------
     def create(self, items: int, poison: Iterable[int] = (), lease_s: float = 30.0, max_tries: int = 3) -> int:
         return self.pool.create(file_pool_items(items, poison), lease_s=lease_s, max_tries=max_tries)
 
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start every agent (side by side), submit FilePool to each, wait until every worker is ready,
+        """Start every agent (side by side), submit the pool task to each, wait until every worker is ready,
         then start the synthetic trainers (their phases spread over the period): items move from then on."""
         for agent in self.agents:
             agent.spawn()
         for k, agent in enumerate(self.agents):
             agent.wait_ready(timeout_s)
             self.alive.add(k)
-        spec = tasks_pb2.TaskSpec(name="file-pool", ref=FILE_POOL, args={
-            "pool": self.url, "out_dir": str(self.out_dir), "work_us": repr(float(self.work_us)),
-            "max_step_ms": repr(float(self.max_step_ms)), "cpu": str(self.cpu)})
+        spec = tasks_pb2.TaskSpec(name="pool-task", ref=self.task_ref, args={"pool": self.url, **self.task_args})
         for agent in self.agents:
             with agent.client() as c:
                 self.task_ids.append(c.submit(spec).id)

@@ -9,6 +9,9 @@ Each ```python block is classified by what it shows, and run the way a reader wo
   it, and the agent counts the edges it sent;
 - the `connect()` example finds the agent through FREERIDE_AGENT and reports a bubble;
 - the `freeride.Client` example finds the agent through FREERIDE_AGENT, and the task it submits is there;
+- a model factory (a function returning an `nn.Module`, for sidetasks.generate and sidetasks.evaluate) is
+  written to a file and named by `model=`: Generate completes six prompts with it in a real agent, then
+  Evaluate scores a checkpoint of it, each until DONE;
 - a trainer integration (it calls `instrument(...)` on objects a real job would have) has its
   imports run and `instrument` checked to be a function: the integrations' own tests run them.
 A block that fits none of these fails the test: a new example needs a way to run here.
@@ -17,6 +20,7 @@ A block that fits none of these fails the test: a new example needs a way to run
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -67,7 +71,19 @@ def kind(code: str) -> str:
         return "client"
     if re.search(r"^handle = instrument\(", code, re.M):
         return "integration"
+    if model_factories(code):
+        return "model"
     return "unknown"
+
+
+def model_factories(code: str) -> list[str]:
+    """Top-level functions annotated to return an nn.Module."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.returns is not None
+            and ast.unparse(node.returns) in ("nn.Module", "torch.nn.Module")]
 
 
 EXAMPLES = examples()
@@ -76,7 +92,7 @@ IDS = [where for where, _ in EXAMPLES]
 
 def test_the_docs_have_examples_of_each_kind():
     kinds = {kind(code) for _, code in EXAMPLES}
-    assert {"task", "pool", "reporter", "connect", "integration", "client"} <= kinds, kinds
+    assert {"task", "pool", "reporter", "connect", "integration", "client", "model"} <= kinds, kinds
 
 
 @pytest.mark.parametrize(("where", "code"), EXAMPLES, ids=IDS)
@@ -127,6 +143,45 @@ def test_a_pool_task_example_drains_its_pool_in_a_real_agent(where: str, code: s
             assert len(list((tmp_path / "out").iterdir())) == 50
     finally:
         server.kill()
+
+
+MODELS = [(w, c) for w, c in EXAMPLES if kind(c) == "model"]
+
+
+@pytest.mark.parametrize(("where", "code"), MODELS, ids=[w for w, _ in MODELS])
+def test_a_model_factory_example_generates_and_is_evaluated_in_a_real_agent(
+    where: str, code: str, tmp_path: Path, agent: AgentProcess, client: AgentClient
+):
+    import torch
+
+    path = tmp_path / "docs_model.py"
+    path.write_text(code)
+    (factory,) = model_factories(code)
+    model = f"{path}:{factory}"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "def " * (i + 1)}) + "\n" for i in range(6)))
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    ns: dict[str, Any] = {}
+    exec(compile(code, where, "exec"), ns)
+    torch.save(ns[factory]().state_dict(), ckpts / "step-1.pt")
+    (tmp_path / "heldout.txt").write_bytes(Path(json.__file__).read_bytes()[:3000])
+    specs = [
+        ("sidetasks.generate:Generate", {"model": model, "prompts": str(prompts), "out": str(tmp_path / "out.jsonl"),
+                                         "max_new_tokens": "16", "temperature": "0.8", "seed": "1"}),
+        ("sidetasks.evaluate:Evaluate", {"model": model, "checkpoints": str(ckpts), "count": "1", "seq_len": "64",
+                                         "data": str(tmp_path / "heldout.txt"), "out": str(tmp_path / "evals.jsonl")}),
+    ]
+    for ref, args in specs:
+        info = client.submit(tasks_pb2.TaskSpec(ref=ref, args=args))
+        with BackgroundTrainer(agent, [60.0, 60.0]):
+            done = wait_for_task(client, info.id, [tasks_pb2.TASK_STATE_DONE, tasks_pb2.TASK_STATE_FAILED], 90)
+        assert done.state == tasks_pb2.TASK_STATE_DONE, f"{where}: {ref}: {done.reason}"
+    completions = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(c["id"] for c in completions) == [f"p{i}" for i in range(6)]
+    assert all(len(c["tokens"]) == 16 for c in completions)
+    [evaluation] = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert evaluation["checkpoint"] == "step-1.pt" and evaluation["perplexity"] > 1
 
 
 def _only(k: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidetasks.budget import StepBudget
+from freeride import StepBudget
 
 
 class Clock:
