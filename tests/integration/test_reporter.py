@@ -215,7 +215,7 @@ def test_sigterm_with_a_trainer_connected_ends_its_stream_cleanly_and_the_traine
         log = agent.log_path.read_text()
         # The agent ended the stream itself (status OK) before its server stopped: gRPC had nothing to cancel,
         # so it logged no "Exception not handled ... ReportBubbles" and no CancelledError traceback.
-        assert "trainer disconnected" in log
+        assert f"trainer rank 0 (pid {os.getpid()}) disconnected" in log, log
         assert "Traceback" not in log and "Exception not handled" not in log and "CancelledError" not in log, log
         # The trainer saw its stream end, as when the agent dies: no road, calls return at once, edges counted.
         assert reporter.wait_path("", 10)
