@@ -76,11 +76,12 @@ class CgroupTree:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.kill_file = (root / "cgroup.kill").exists()  # Linux >= 5.14; else SIGKILL pid by pid
+        self.memory = "memory" in _read(root / "cgroup.subtree_control").split()  # each group has memory.current
         self._epoll: select.epoll | None = None
         self._waiting: dict[int, tuple[Path, asyncio.Future[None]]] = {}
 
     def describe(self) -> str:
-        return f"cgroup v2 under {self.root}"
+        return f"cgroup v2 under {self.root}" + (" (memory accounted per worker)" if self.memory else "")
 
     def group(self, name: str) -> Path:
         """A new, empty group (a predecessor's leftover of the same name is emptied and replaced)."""
@@ -245,6 +246,7 @@ def open_cgroups(
             _remove_empty_roots(base, keep=root)
         root.mkdir(exist_ok=True)
         _probe(CgroupTree(root))
+        _account_memory(base, root)
     except OSError as exc:
         return None, f"cannot create worker groups under {base} ({exc.strerror or exc})"
     tree = CgroupTree(root)
@@ -253,6 +255,23 @@ def open_cgroups(
         log.info("cgroups: removed %d empty worker group(s) a previous agent left in %s%s", removed, root,
                  f"; {busy} still hold processes (removed once empty, at this agent's exit)" if busy else "")
     return tree, tree.describe()
+
+
+def _account_memory(base: Path, root: Path) -> bool:
+    """Turn on the memory controller for the worker groups where the host lets us (it is delegated, or on
+    already): each then has a memory.current, what CPU mode's memory caps read. Not possible where the
+    agent shares `base` with other processes below the root (cgroup v2's "no internal processes"), or
+    where memory is bound to a cgroup v1 hierarchy: the caps then read PSS (freeride.gpu.probe)."""
+    for group in (base, root):
+        if "memory" in _read(group / "cgroup.subtree_control").split():
+            continue
+        if "memory" not in _read(group / "cgroup.controllers").split():
+            return False
+        try:
+            (group / "cgroup.subtree_control").write_text("+memory")
+        except OSError:
+            return False
+    return True
 
 
 def _probe(tree: CgroupTree) -> None:

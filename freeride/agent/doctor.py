@@ -64,7 +64,7 @@ def _device_checks(config: AgentConfig, checks: list[Check]) -> Device | None:
         except NoGpuError as exc:
             checks.append(Check("nvml", FAIL, str(exc),
                                 "install the NVIDIA driver (libnvidia-ml.so.1); without it the agent runs in CPU "
-                                "mode (memory caps on resident memory), or try it with --fake-gpu", True))
+                                "mode (memory caps on the host memory a task holds), or try it with --fake-gpu", True))
             return None
         except GpuError as exc:
             checks.append(Check("nvml", FAIL, str(exc), "check the driver with `nvidia-smi`", True))

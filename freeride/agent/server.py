@@ -206,6 +206,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         stack.callback(task_logs.close)  # after the workers are gone (agent.shutdown runs before)
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)
+        gpu.count_groups(launcher.group_of)  # CPU mode: a worker's memory.current where its group accounts it
         log.info("side-task workers run at %s", placement.describe())
         agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs, check_env=placement.to_env())
         health = HealthServicer()

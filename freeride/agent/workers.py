@@ -112,6 +112,11 @@ class WorkerLauncher:
         self._stops = Background("worker stop")  # each worker's clean stop before its kill
         self._watches = Background("worker watch")
         self._watched: dict[asyncio.Task[None], WorkerProcess] = {}
+        self._groups: dict[int, Path] = {}  # each live worker's cgroup, by its pid
+
+    def group_of(self, pid: int) -> Path | None:
+        """The cgroup of the live worker `pid` (None: it has none, or it is no worker of ours)."""
+        return self._groups.get(pid)
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
@@ -152,6 +157,8 @@ class WorkerLauncher:
         finally:
             os.close(out)  # (a pipe's read end goes at its end of file: the writer closes it)
         window.close_child_end()
+        if group is not None:
+            self._groups[proc.pid] = group
         worker = WorkerProcess(task_id, instance, proc, path, window, mark=env[WORKER_MARK],
                                background=self._stops, cgroups=self._cgroups, group=group, log_fd=read_fd)
         watch = self._watches.spawn(self._watch(worker, on_exit), on_error=lambda _: self._watch_failed(worker))
@@ -180,6 +187,7 @@ class WorkerLauncher:
 
     async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
+        self._groups.pop(worker.pid, None)
         # Kill whatever the task started and left behind: its cgroup (all of it), its process group.
         worker.kill_all()
         if worker.log_fd >= 0 and self._logs is not None:
