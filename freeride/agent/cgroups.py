@@ -107,7 +107,7 @@ class CgroupTree:
                 (group / "cgroup.kill").write_text("1")
             return
         for _ in range(_KILL_ROUNDS):
-            pids = [int(p) for d, _, _ in os.walk(group) for p in _read(Path(d) / "cgroup.procs").split()]
+            pids = self.members(group)
             if not pids:
                 return
             for pid in pids:
@@ -148,6 +148,15 @@ class CgroupTree:
     def remove(group: Path) -> bool:
         """Remove an empty group (and its empty sub-groups); False if a process is still in it."""
         return _remove(group)
+
+    def leftovers(self) -> list[Path]:
+        """The groups here: at an agent's start, its killed predecessor's (this tree is its state directory's)."""
+        return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+
+    @staticmethod
+    def members(group: Path) -> list[int]:
+        """The pids in the group and its sub-groups now."""
+        return [int(p) for d, _, _ in os.walk(group) for p in _read(Path(d) / "cgroup.procs").split()]
 
     def remove_empty(self) -> tuple[int, int]:
         """Remove the empty groups here (a killed agent's leftovers): (removed, still populated)."""
@@ -253,7 +262,7 @@ def open_cgroups(
     removed, busy = tree.remove_empty()
     if removed or busy:
         log.info("cgroups: removed %d empty worker group(s) a previous agent left in %s%s", removed, root,
-                 f"; {busy} still hold processes (removed once empty, at this agent's exit)" if busy else "")
+                 f"; {busy} still hold processes (killed before any task restarts)" if busy else "")
     return tree, tree.describe()
 
 

@@ -207,6 +207,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)
         gpu.count_groups(launcher.group_of)  # CPU mode: a worker's memory.current where its group accounts it
+        # A killed predecessor's workers: each finishes its checkpoint, then whatever they left is killed.
+        await launcher.reclaim(min(config.shutdown_grace_s, config.checkpoint_timeout_s))
         log.info("side-task workers run at %s", placement.describe())
         agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs, check_env=placement.to_env())
         health = HealthServicer()
