@@ -76,11 +76,12 @@ class CgroupTree:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.kill_file = (root / "cgroup.kill").exists()  # Linux >= 5.14; else SIGKILL pid by pid
+        self.memory = "memory" in _read(root / "cgroup.subtree_control").split()  # each group has memory.current
         self._epoll: select.epoll | None = None
         self._waiting: dict[int, tuple[Path, asyncio.Future[None]]] = {}
 
     def describe(self) -> str:
-        return f"cgroup v2 under {self.root}"
+        return f"cgroup v2 under {self.root}" + (" (memory accounted per worker)" if self.memory else "")
 
     def group(self, name: str) -> Path:
         """A new, empty group (a predecessor's leftover of the same name is emptied and replaced)."""
@@ -106,7 +107,7 @@ class CgroupTree:
                 (group / "cgroup.kill").write_text("1")
             return
         for _ in range(_KILL_ROUNDS):
-            pids = [int(p) for d, _, _ in os.walk(group) for p in _read(Path(d) / "cgroup.procs").split()]
+            pids = self.members(group)
             if not pids:
                 return
             for pid in pids:
@@ -147,6 +148,15 @@ class CgroupTree:
     def remove(group: Path) -> bool:
         """Remove an empty group (and its empty sub-groups); False if a process is still in it."""
         return _remove(group)
+
+    def leftovers(self) -> list[Path]:
+        """The groups here: at an agent's start, its killed predecessor's (this tree is its state directory's)."""
+        return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+
+    @staticmethod
+    def members(group: Path) -> list[int]:
+        """The pids in the group and its sub-groups now."""
+        return [int(p) for d, _, _ in os.walk(group) for p in _read(Path(d) / "cgroup.procs").split()]
 
     def remove_empty(self) -> tuple[int, int]:
         """Remove the empty groups here (a killed agent's leftovers): (removed, still populated)."""
@@ -245,14 +255,32 @@ def open_cgroups(
             _remove_empty_roots(base, keep=root)
         root.mkdir(exist_ok=True)
         _probe(CgroupTree(root))
+        _account_memory(base, root)
     except OSError as exc:
         return None, f"cannot create worker groups under {base} ({exc.strerror or exc})"
     tree = CgroupTree(root)
     removed, busy = tree.remove_empty()
     if removed or busy:
         log.info("cgroups: removed %d empty worker group(s) a previous agent left in %s%s", removed, root,
-                 f"; {busy} still hold processes (removed once empty, at this agent's exit)" if busy else "")
+                 f"; {busy} still hold processes (killed before any task restarts)" if busy else "")
     return tree, tree.describe()
+
+
+def _account_memory(base: Path, root: Path) -> bool:
+    """Turn on the memory controller for the worker groups where the host lets us (it is delegated, or on
+    already): each then has a memory.current, what CPU mode's memory caps read. Not possible where the
+    agent shares `base` with other processes below the root (cgroup v2's "no internal processes"), or
+    where memory is bound to a cgroup v1 hierarchy: the caps then read PSS (freeride.gpu.probe)."""
+    for group in (base, root):
+        if "memory" in _read(group / "cgroup.subtree_control").split():
+            continue
+        if "memory" not in _read(group / "cgroup.controllers").split():
+            return False
+        try:
+            (group / "cgroup.subtree_control").write_text("+memory")
+        except OSError:
+            return False
+    return True
 
 
 def _probe(tree: CgroupTree) -> None:

@@ -65,9 +65,9 @@ def _device_checks(config: AgentConfig, checks: list[Check]) -> Device | None:
 
         try:
             version, count = driver_version(), device_count()
-        except NoGpuError as exc:  # no driver: CPU mode, which the agent supports (caps on resident memory)
+        except NoGpuError as exc:  # no driver: CPU mode, which the agent supports (caps on the memory a task holds)
             checks.append(Check("nvml", INFO, f"{exc}: the agent runs in CPU mode (side tasks on the CPU, memory "
-                                f"caps on their resident memory)", CPU_MODE_FIX, True))
+                                f"caps on the host memory a task holds)", CPU_MODE_FIX, True))
             return None
         except GpuError as exc:
             checks.append(Check("nvml", FAIL, str(exc), "check the driver with `nvidia-smi`", True))

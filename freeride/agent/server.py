@@ -200,12 +200,16 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         if cgroups is not None:
             log.info("workers contained in %s: everything a task starts dies with it", containment)
         else:
-            log.warning("workers contained by process group and environment mark only (%s): a process a task "
-                        "starts that calls setsid() and clears its environment can outlive it", containment)
+            log.warning("workers contained by process group, environment mark and a record of their process trees "
+                        "only (%s): a process a task starts that calls setsid(), clears its environment and leaves "
+                        "the worker's tree within one memory check can outlive it", containment)
         task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes)
         stack.callback(task_logs.close)  # after the workers are gone (agent.shutdown runs before)
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)
+        gpu.count_groups(launcher.group_of)  # CPU mode: a worker's memory.current where its group accounts it
+        # A killed predecessor's workers: each finishes its checkpoint, then whatever they left is killed.
+        await launcher.reclaim(min(config.shutdown_grace_s, config.checkpoint_timeout_s))
         log.info("side-task workers run at %s", placement.describe())
         agent = Agent(config, registry, launcher, gpu=gpu, logs=task_logs, check_env=placement.to_env())
         health = HealthServicer()

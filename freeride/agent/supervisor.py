@@ -57,6 +57,8 @@ class Launcher(Protocol):
 
     async def settle(self) -> None: ...
 
+    def track(self) -> None: ...
+
 
 class Supervisor:
     def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
@@ -389,6 +391,7 @@ class Supervisor:
     def _check_caps(self) -> None:
         live = {task_id: (rt, rt.worker) for task_id, rt in self._table.live.items() if rt.worker is not None}
         sampled = self._memory.sample({task_id: worker.pid for task_id, (_, worker) in live.items()})
+        self._launcher.track()  # (the same tick writes down what each uncontained worker's tree holds)
         for task_id, used in sampled.items():
             (rt, worker), rec = live[task_id], self._table.records[task_id]
             rt.memory_bytes = used

@@ -2,8 +2,10 @@
 
 Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.cgroups) where the
 agent may create one; the whole group is killed when the worker exits or is killed, so nothing a task
-starts outlives it. Without cgroups, the worker's process group is killed and what left it is found
-by the WORKER_MARK in its environment (a process that also clears its environment escapes that).
+starts outlives it. Without cgroups, the worker's process group is killed, and what left it is found by
+the WORKER_MARK in its environment and by the record of the worker's process tree (freeride.agent.procs),
+which the memory watchdog's tick keeps up to date (`track`). Each worker's record is also how the next
+agent, after a `kill -9` of this one, finds and kills what the workers left (`reclaim`).
 Windows: each worker inherits its own window word and wake-up pipe (freeride.core.window) and nothing else
 of the agent's: a task cannot reach another task's windows.
 Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.logs).
@@ -27,6 +29,7 @@ import psutil
 from freeride.agent.background import Background
 from freeride.agent.cgroups import CgroupTree
 from freeride.agent.logs import TaskLogs, log_path, rotated
+from freeride.agent.procs import ProcRecords, Procs, kill, tree, wait_exited
 from freeride.core.cpu import Placement
 from freeride.core.private import create_private, private_dir
 from freeride.core.window import WindowWriter
@@ -63,6 +66,8 @@ class WorkerProcess:
     cgroups: CgroupTree | None = None
     group: Path | None = None  # its cgroup (None: contained by its process group and mark only)
     log_fd: int = -1  # the read end of its output pipe (the log writer's)
+    name: str = ""  # its record's name in the state directory (and its cgroup's)
+    known: Procs = field(default_factory=dict)  # every process seen in its tree (pid -> start time)
     _stopping: bool = False
 
     @property
@@ -114,6 +119,12 @@ class WorkerLauncher:
         self._stops = Background("worker stop")  # each worker's clean stop before its kill
         self._watches = Background("worker watch")
         self._watched: dict[asyncio.Task[None], WorkerProcess] = {}
+        self._groups: dict[int, Path] = {}  # each live worker's cgroup, by its pid
+        self._records = ProcRecords(log_dir.parent / "run" / "workers")
+
+    def group_of(self, pid: int) -> Path | None:
+        """The cgroup of the live worker `pid` (None: it has none, or it is no worker of ours)."""
+        return self._groups.get(pid)
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
@@ -132,7 +143,8 @@ class WorkerLauncher:
         word_fd, wake_fd = window.child_fds()
         argv = [sys.executable, "-m", "freeride.sdk.worker", "--agent", self._target, "--task-id", task_id,
                 "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd)]
-        group = self._cgroups.group(f"task-{task_id}-{instance}-{os.getpid()}") if self._cgroups else None
+        name = f"task-{task_id}-{instance}-{os.getpid()}"
+        group = self._cgroups.group(name) if self._cgroups else None
         if group is not None and self._cgroups is not None:
             argv = self._cgroups.argv(group, argv)  # in its group before its first instruction
         read_fd, out = self._logs.pipe(task_id) if self._logs is not None else (-1, create_private(path))
@@ -155,12 +167,55 @@ class WorkerLauncher:
         finally:
             os.close(out)  # (a pipe's read end goes at its end of file: the writer closes it)
         window.close_child_end()
+        if group is not None:
+            self._groups[proc.pid] = group
         worker = WorkerProcess(task_id, instance, proc, path, window, mark=env[WORKER_MARK],
-                               background=self._stops, cgroups=self._cgroups, group=group, log_fd=read_fd)
+                               background=self._stops, cgroups=self._cgroups, group=group, log_fd=read_fd,
+                               name=name, known=tree(proc.pid))
+        self._records.write(name, worker.known)  # (its first line: the worker, whose checkpoint a successor awaits)
         watch = self._watches.spawn(self._watch(worker, on_exit), on_error=lambda _: self._watch_failed(worker))
         self._watched[watch] = worker
         watch.add_done_callback(lambda t: self._watched.pop(t, None))
         return worker
+
+    def track(self) -> None:
+        """Write down the processes new in each live worker's tree that has no cgroup (one /proc scan per
+        worker; called on the memory watchdog's tick). With a cgroup, the group holds them all already."""
+        for worker in list(self._watched.values()):
+            if worker.group is not None or worker.exited.is_set():
+                continue
+            now = tree(worker.pid)
+            if now.keys() - worker.known.keys():
+                worker.known.update(now)
+                self._records.write(worker.name, worker.known)
+
+    async def reclaim(self, grace_s: float) -> None:
+        """Before any task starts: kill what the workers of a killed predecessor on this state directory left
+        (their records, their cgroups), once each old worker has exited, which it does after the checkpoint
+        it takes when it loses its agent (up to `grace_s`, all together)."""
+        left = self._records.left()
+        groups = self._cgroups.leftovers() if self._cgroups is not None else []
+        if not left and not groups:
+            return
+        loop = asyncio.get_running_loop()
+        workers = [next(iter(procs.items())) for procs in left.values() if procs]
+        late = await loop.run_in_executor(None, wait_exited, workers, grace_s)
+        if late:
+            log.warning("%d worker(s) of a previous agent did not exit within %.0f s; killing them: %s",
+                        len(late), grace_s, ", ".join(map(str, late)))
+        marks = {_mark_of(name) for name in left}
+        killed = await loop.run_in_executor(None, _kill_left, list(left.values()), marks)
+        for group in groups:
+            assert self._cgroups is not None
+            members = self._cgroups.members(group)
+            self._cgroups.kill(group)
+            killed += [str(pid) for pid in members]
+            await self._remove_group(group)
+        for name in left:
+            self._records.remove(name)
+        if killed:
+            log.warning("killed %d process(es) the workers of a previous agent left running: %s",
+                        len(killed), ", ".join(killed))
 
     @staticmethod
     def _watch_failed(worker: WorkerProcess) -> None:
@@ -183,6 +238,7 @@ class WorkerLauncher:
 
     async def _watch(self, worker: WorkerProcess, on_exit: Callable[[WorkerProcess, int], None]) -> None:
         code = await worker.proc.wait()
+        self._groups.pop(worker.pid, None)
         # Kill whatever the task started and left behind: its cgroup (all of it), its process group.
         worker.kill_all()
         if worker.log_fd >= 0 and self._logs is not None:
@@ -197,10 +253,14 @@ class WorkerLauncher:
             self._logs.poke(worker.task_id)  # its followers: the worker is gone
         if worker.group is not None and self._cgroups is not None:
             await self._remove_group(worker.group)
+            self._records.remove(worker.name)
             return
         # Without a cgroup: what left the process group (setsid, a daemonising fork) but still carries the
-        # worker's mark; a scan of /proc, once per worker exit, in a thread (never a pause of the control path).
-        escaped = await asyncio.get_running_loop().run_in_executor(None, kill_marked, worker.mark)
+        # worker's mark or was seen in its tree; a scan of /proc, once per worker exit, in a thread (never a
+        # pause of the control path).
+        escaped = await asyncio.get_running_loop().run_in_executor(
+            None, _kill_left, [{p: t for p, t in worker.known.items() if p != worker.pid}], {worker.mark})
+        self._records.remove(worker.name)
         if escaped:
             log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
                         worker.task_id, len(escaped), ", ".join(escaped))
@@ -217,12 +277,24 @@ class WorkerLauncher:
             log.warning("cgroup %s: emptied but could not be removed", group)
 
 
-def kill_marked(mark: str) -> list[str]:
-    """SIGKILL every process whose environment carries this worker mark; their descriptions."""
+def _mark_of(name: str) -> str:
+    """The WORKER_MARK of the worker whose record is `name` (task-<id>-<instance>-<agent pid>)."""
+    _, task_id, instance, agent_pid = name.rsplit("-", 3)
+    return f"{agent_pid}:{task_id}:{instance}"
+
+
+def _kill_left(recorded: list[Procs], marks: set[str]) -> list[str]:
+    """SIGKILL the recorded processes still alive, then whatever still carries one of the marks."""
+    killed = [what for procs in recorded for what in kill(procs)]
+    return killed + kill_marked(marks)
+
+
+def kill_marked(marks: set[str]) -> list[str]:
+    """SIGKILL every process whose environment carries one of these worker marks; their descriptions."""
     killed = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(WORKER_MARK) != mark:
+            if proc.environ().get(WORKER_MARK) not in marks:
                 continue
             what = f"{proc.pid} ({proc.name()})"
             proc.kill()

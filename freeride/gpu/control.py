@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from freeride.gpu.device import Device, GpuError, NoGpuError
 from freeride.gpu.mps import Mps, MpsControl, MpsState, worker_env
 from freeride.gpu.open import open_device
-from freeride.gpu.probe import DeviceProbe, MemoryProbe, RssProbe, process_tree
+from freeride.gpu.probe import DeviceProbe, HostProbe, MemoryProbe, process_tree
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class GpuControl:
         self.gpu = gpu
         self._threads = thread_percentage
         self._no_mps_pipe = no_mps_pipe_dir
-        self.probe: MemoryProbe = DeviceProbe(device) if device is not None else RssProbe()
+        self.probe: MemoryProbe = DeviceProbe(device) if device is not None else HostProbe()
 
     @classmethod
     def open(cls, gpu: int, fake_spec: str = "", mps_mode: str = "off", mps_program: str = "",
@@ -62,7 +62,7 @@ class GpuControl:
         try:
             device = open_device(gpu, fake_spec)
         except NoGpuError as exc:
-            log.warning("no GPU: %s; running in CPU mode, memory caps apply to resident memory "
+            log.warning("no GPU: %s; running in CPU mode, memory caps apply to the host memory a task holds "
                         "(install the NVIDIA driver, or try the GPU layer with --fake-gpu)", exc)
             device = None
         mps = None
@@ -81,6 +81,12 @@ class GpuControl:
                      i.total_bytes / 2**30, device.compute_mode(), mps.state().label if mps else "off")
         no_mps = (pipe_dir.parent if pipe_dir is not None else Path("/nonexistent")) / "no-mps"
         return cls(device, mps, gpu=gpu, thread_percentage=thread_percentage, no_mps_pipe_dir=no_mps)
+
+    def count_groups(self, group_of: Callable[[int], Path | None]) -> None:
+        """CPU mode: measure a worker by its own cgroup's memory.current where `group_of(pid)` names one
+        (and the group accounts memory); PSS otherwise. Nothing changes on a GPU."""
+        if isinstance(self.probe, HostProbe):
+            self.probe.group_of = group_of
 
     @property
     def mode(self) -> str:

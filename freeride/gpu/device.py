@@ -1,7 +1,7 @@
 """What the agent needs from one GPU, as a small protocol with a real (NVML) and a fake implementation.
 
 The agent never imports pynvml itself: it opens a `Device` here and, when there is no GPU or no
-driver, runs in CPU mode (resident memory stands in for GPU memory, see `RssProbe`).
+driver, runs in CPU mode (host memory stands in for GPU memory, see `HostProbe`).
 """
 
 from __future__ import annotations

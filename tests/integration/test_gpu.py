@@ -186,7 +186,7 @@ def test_doctor_reports_cpu_mode_without_a_driver_and_passes_with_the_fake(tmp_p
     # No driver is CPU mode, which the agent supports: said as such, and not a failure (exit 0).
     assert res.returncode == 0, res.stdout
     assert ("[INFO] nvml: NVML unavailable: NVML Shared Library Not Found: the agent runs in CPU mode (side tasks "
-            "on the CPU, memory caps on their resident memory) -> fix: for GPU mode install the NVIDIA driver"
+            "on the CPU, memory caps on the host memory a task holds) -> fix: for GPU mode install the NVIDIA driver"
             ) in res.stdout
     assert "[OK  ] mps: MPS off (--mps off): there is no GPU to share" in res.stdout
     assert "[FAIL]" not in res.stdout

@@ -119,6 +119,37 @@ class Hog(Counter):
         self.held.append(bytearray(b"x" * self.step_bytes))  # written, so resident
 
 
+class ForkedIdle(Counter):
+    """Like a DataLoader's workers: in setup, touches `before_mb`, forks `children` idle children (each
+    blocked on a pipe: the pages stay shared with it), then touches `after_mb` more in itself alone.
+    The children exit at teardown (or when the worker dies: their pipe closes)."""
+
+    def __init__(self, children: int = 8, before_mb: int = 64, after_mb: int = 64) -> None:
+        super().__init__(1.0)
+        self.n, self.before, self.after = children, before_mb * 2**20, after_mb * 2**20
+        self.held: list[bytearray] = []
+        self.pids: list[int] = []
+        self.w = -1
+
+    def setup(self) -> None:
+        self.held.append(bytearray(b"x" * self.before))  # written, so resident, then shared with each child
+        r, self.w = os.pipe()
+        for _ in range(self.n):
+            pid = os.fork()
+            if pid == 0:  # the child: nothing but a read until its parent goes
+                os.close(self.w)
+                os.read(r, 1)
+                os._exit(0)
+            self.pids.append(pid)
+        os.close(r)
+        self.held.append(bytearray(b"x" * self.after))
+
+    def teardown(self) -> None:
+        os.close(self.w)
+        for pid in self.pids:
+            os.waitpid(pid, 0)
+
+
 class NotATask:
     def step(self) -> None:
         pass

@@ -120,6 +120,7 @@ class FakeLauncher:
         self.fail: Exception | None = None  # raised by the next spawn
         self.gate: asyncio.Event | None = None  # when given: spawn waits for it (a spawn in flight)
         self.spawning = asyncio.Event()  # set once a spawn waits at the gate
+        self.tracked = 0  # watchdog ticks that asked it to write down the workers' processes
 
     async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Any, int], None],
                     env: dict[str, str] | None = None) -> FakeWorker:
@@ -135,6 +136,9 @@ class FakeLauncher:
 
     async def settle(self) -> None:
         pass
+
+    def track(self) -> None:
+        self.tracked += 1
 
     def of(self, task_id: str) -> list[FakeWorker]:
         return [w for w in self.workers if w.task_id == task_id]

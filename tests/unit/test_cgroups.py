@@ -52,9 +52,10 @@ def base() -> Iterator[Path]:
 
 
 def _start(tree: CgroupTree, group: Path) -> subprocess.Popen[bytes]:
-    """A shell in `group` that starts an escapee (its own session, no environment) and a sub-group's process."""
-    script = ("setsid env -i sleep 1000 & mkdir \"$G/sub\" && sh -c 'echo 0 > \"$G/sub/cgroup.procs\"; "
-              "exec sleep 1000' & echo ready; exec sleep 1000")
+    """A shell in `group` that starts an escapee (its own session, no environment) and a sub-group's process;
+    "ready" once that process is in the sub-group (it says so itself, after its move)."""
+    script = ("setsid env -i sleep 1000 & mkdir \"$G/sub\" && sh -c 'echo 0 > \"$G/sub/cgroup.procs\" && "
+              "echo ready && exec sleep 1000' & exec sleep 1000")
     return subprocess.Popen(tree.argv(group, ["sh", "-c", script]), env={**os.environ, "G": str(group)},
                             stdout=subprocess.PIPE)
 
@@ -67,6 +68,8 @@ def test_a_group_is_killed_whole_and_removed(base: Path, kill_file: bool) -> Non
         group = tree.group("task-1-1-1")
         proc = _start(tree, group)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        # What makes this a test of the sub-groups' kill: a process is in the sub-group, the escapee in the group.
+        assert (group / "sub" / "cgroup.procs").read_text().split() and (group / "cgroup.procs").read_text().split()
         tree.kill(group)
         await asyncio.wait_for(tree.emptied(group), 10)
         assert tree.remove(group) and not group.exists()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from freeride.errors import InvalidSpecError
-from freeride.gpu import DeviceProbe, GpuError, NoGpuError, RssProbe, open_device
+from freeride.gpu import DeviceProbe, GpuError, HostProbe, NoGpuError, open_device
 from freeride.gpu.fake import FakeDevice
 from freeride.gpu.nvml import NvmlDevice
 
@@ -72,8 +72,8 @@ def test_the_fake_attributes_a_clients_resident_memory_as_gpu_memory(child: subp
     assert DeviceProbe(d).usage([child.pid]) == {child.pid: pytest.approx(used, rel=0.2)}
 
 
-def test_the_rss_probe_counts_a_worker_with_its_children_and_zero_once_gone(child: subprocess.Popen[bytes]) -> None:
-    usage = RssProbe().usage([child.pid, 999_999_999])
+def test_the_host_probe_counts_a_worker_with_its_children_and_zero_once_gone(child: subprocess.Popen[bytes]) -> None:
+    usage = HostProbe().usage([child.pid, 999_999_999])
     assert usage[child.pid] > 64 * MiB
     assert usage[999_999_999] == 0
 

@@ -25,8 +25,10 @@ DAY_S = 86400.0
 NOW_S = 1_700_000_000.0
 
 
-def rec(task_id: str, state: TaskState, age_s: float) -> TaskRecord:
-    return TaskRecord(task_id, TaskSpec(f"t{task_id}", "m:T"), state, created_unix_s=NOW_S - age_s,
+def rec(task_id: str, state: TaskState, age_s: float, created_age_s: float | None = None) -> TaskRecord:
+    """A record last changed `age_s` ago, created `created_age_s` ago (default: then too)."""
+    created = age_s if created_age_s is None else created_age_s
+    return TaskRecord(task_id, TaskSpec(f"t{task_id}", "m:T"), state, created_unix_s=NOW_S - created,
                       updated_unix_s=NOW_S - age_s)
 
 
@@ -63,6 +65,18 @@ def test_only_finished_tasks_last_changed_longer_ago_than_the_period_expire_olde
     assert [r.id for r in expired(records, NOW_S, 7 * DAY_S, {TaskState.DONE})] == ["1"]
     assert [r.id for r in expired(records, NOW_S, 0)] == ["3", "1", "6", "2"]
     assert expired(records, NOW_S, 0, {TaskState.PAUSED}) == []  # never an unfinished one
+
+
+def test_age_is_the_time_since_the_last_change_not_since_creation() -> None:
+    records = [
+        rec("1", TaskState.DONE, age_s=DAY_S, created_age_s=30 * DAY_S),  # submitted long ago, finished yesterday
+        rec("2", TaskState.FAILED, age_s=8 * DAY_S, created_age_s=8 * DAY_S),
+        rec("3", TaskState.CANCELLED, age_s=9 * DAY_S, created_age_s=9 * DAY_S + 1),
+    ]
+    assert [r.id for r in expired(records, NOW_S, 7 * DAY_S)] == ["3", "2"]
+    # The next pass: at task 1's expiry (6 days away, capped to the hour), not at once as its creation says.
+    assert next_pass_s(records[:1], NOW_S, 7 * DAY_S) == 3600
+    assert next_pass_s([rec("1", TaskState.DONE, age_s=600, created_age_s=DAY_S)], NOW_S, 1800) == 1200
 
 
 def test_the_next_pass_is_at_the_next_expiry_and_at_most_an_hour_or_the_period_away() -> None:
@@ -103,8 +117,8 @@ class Rig:
         self.retention = Retention(self.table, self.store, state_dir, keep_s, self.timers.call_later,
                                    wall_clock=lambda: self.now_s, exit_timeout_s=0.01)
 
-    async def add(self, state: TaskState, age_s: float) -> TaskRecord:
-        r = rec("", state, age_s)
+    async def add(self, state: TaskState, age_s: float, created_age_s: float | None = None) -> TaskRecord:
+        r = rec("", state, age_s, created_age_s)
         r.id = await self.store.insert(r)
         self.table.records[r.id] = r
         await self.store.write(r.id)
@@ -185,6 +199,21 @@ async def test_prune_by_age_and_state_a_dry_run_removes_nothing(tmp_path: Path) 
         await rig.retention.prune(-1)
     await rig.close()
     assert rig.on_disk() == sorted([old_failed.id, new_done.id, paused.id])
+
+
+@in_loop
+async def test_prune_goes_by_the_last_change_a_long_running_task_finished_lately_stays(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    finished_lately = await rig.add(TaskState.DONE, age_s=DAY_S, created_age_s=30 * DAY_S)
+    finished_long_ago = await rig.add(TaskState.CANCELLED, age_s=8 * DAY_S, created_age_s=8 * DAY_S)
+    created_lately = await rig.add(TaskState.FAILED, age_s=10 * DAY_S, created_age_s=DAY_S)  # (a clock set back)
+    removal = await rig.retention.prune(7 * DAY_S)
+    assert [r.id for r in removal.tasks] == [created_lately.id, finished_long_ago.id]
+    assert list(rig.table.records) == [finished_lately.id]
+    assert rig.files() == [f"task-{finished_lately.id}.ckpt", f"task-{finished_lately.id}.log",
+                           f"task-{finished_lately.id}.log.1"]
+    await rig.close()
+    assert rig.on_disk() == [finished_lately.id]
 
 
 @in_loop

@@ -57,6 +57,22 @@ def test_a_worker_started_by_a_parent_with_a_high_peak_reports_its_own_small_pea
     assert 10 << 20 < peak < 200 << 20  # a Python with grpc loaded; ru_maxrss would say the parent's 400+ MiB
 
 
+_PEAK_THEN_SHRINK = """
+import psutil
+held = b"x" * (300 << 20)  # written: 300 MiB resident at this process's high-water mark
+del held  # (a block this large is unmapped at once: resident memory falls back)
+now = psutil.Process().memory_info().rss
+""" + _REPORT_PEAK + "print(now)\n"
+
+
+def test_the_reported_peak_is_the_high_water_mark_not_the_memory_held_now() -> None:
+    out = subprocess.run([sys.executable, "-c", _PEAK_THEN_SHRINK], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split()
+    peak, now = int(out[0]), int(out[1])
+    assert now < 200 << 20, "the precondition: the process shrank again after its peak"
+    assert peak >= 300 << 20, f"reported {peak >> 20} MiB: the memory held now ({now >> 20} MiB), not the peak"
+
+
 # -- bug 6a/6b: a checkpoint's failure is named for the method that failed --------------------------
 LIFECYCLE = Path(__file__).parents[1] / "tasks" / "lifecycle.py"
 
