@@ -202,7 +202,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         else:
             log.warning("workers contained by process group and environment mark only (%s): a process a task "
                         "starts that calls setsid() and clears its environment can outlive it", containment)
-        task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes)
+        task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes, config.log_total_bytes)
         stack.callback(task_logs.close)  # after the workers are gone (agent.shutdown runs before)
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)
