@@ -157,7 +157,8 @@ class Supervisor:
             rt.worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
         finally:
             rt.spawning = False
-        self._disk_waits.pop(rec.id, None)
+        if self._disk_waits.pop(rec.id, None) is not None and rec.state is TaskState.STARTING:
+            self._table.set_reason(rec, "started after the disk was full")
         worker = rt.worker
         if self._memory.client_started(worker.pid, rec.spec.no_mps):
             worker.before_kill = self._memory.terminate_client
@@ -255,8 +256,7 @@ class Supervisor:
     def _restart(self, rec: TaskRecord) -> None:
         self._restarts.pop(rec.id, None)
         if rec.state is TaskState.STARTING:
-            after_disk = rec.reason.startswith(_DISK_FULL)
-            self._start_soon(rec, "started after the disk was full" if after_disk else rec.reason)
+            self._start_soon(rec, rec.reason)  # (a wait for the disk keeps its reason while it tries again)
 
     def _cancel_restart(self, task_id: str) -> None:
         timer = self._restarts.pop(task_id, None)

@@ -136,6 +136,9 @@ DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
 @in_loop
 async def test_a_spawn_on_a_full_disk_waits_with_a_reason_and_backoff_and_is_charged_no_restart(rig: Rig) -> None:
     rec = rig.task(cap_bytes=64 * MiB, max_restarts=0)  # one crash would make it FAILED
+    reasons: list[str] = []  # every reason written, in order
+    on_change = rig.table._on_change
+    rig.table._on_change = lambda r, change: (reasons.append(r.reason), on_change(r, change))  # type: ignore[method-assign]
     delays = []
     for _ in range(8):
         rig.launcher.fail = DISK_FULL
@@ -148,6 +151,7 @@ async def test_a_spawn_on_a_full_disk_waits_with_a_reason_and_backoff_and_is_cha
             delays.append(rig.timers.now - before)
         assert (rec.state, rec.restarts) == (TaskState.STARTING, 0)
         assert rec.reason.startswith("waiting: disk full: its worker's files cannot be created in ")
+        assert all(r.startswith("waiting: disk full") for r in reasons[1:])  # each try keeps it: no flicker
         assert "No space left on device" in rec.reason and rig.table.live == {}  # no reservation held meanwhile
     assert delays == [1, 2, 4, 8, 16, 30, 30]  # doubled, at most 30 s: a timer, not a busy retry
     rig.timers.fire_next()  # the disk has room again
