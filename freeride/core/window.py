@@ -35,8 +35,12 @@ class WindowWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         private_dir(path.parent)
-        with os.fdopen(create_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-            f.write(b"\0" * SIZE)
+        try:
+            with os.fdopen(create_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+                f.write(b"\0" * SIZE)
+        except OSError:  # a full disk: no empty file is left behind for each try
+            path.unlink(missing_ok=True)
+            raise
         self._f = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
         self._mm = mmap.mmap(self._f.fileno(), SIZE)
         self._seq = 0

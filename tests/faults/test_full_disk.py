@@ -74,6 +74,7 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
                     assert (t.state, t.restarts) == (state_now, 0), t  # waiting (no window): not FAILED, no restart
                     assert t.reason.startswith(DISK_FULL), t.reason
                 assert steps_of(innocent, windows.windows[during + 5:]) == 0  # it holds no window while it waits
+                assert not list((state / "run").glob(f"task-{later}-*.win"))  # its tries left no empty file
 
                 doctor = freeride("doctor", "--state-dir", str(state), "--fake-gpu")
                 assert "[WARN] state-disk" in doctor.stdout and "--disk-warn-percent 90" in doctor.stdout, doctor
