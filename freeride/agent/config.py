@@ -44,6 +44,12 @@ class AgentConfig:
     # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
     # at most twice this on disk per task, the newest output always kept.
     log_max_bytes: int = 16 << 20
+    # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
+    # the least recently written files are removed first (freeride.agent.logbudget). At least twice log_max_bytes.
+    log_total_bytes: int = 1 << 30
+    # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
+    # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
+    disk_warn_percent: int = 90
     # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.cgroups);
     # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
     cgroups: str = "auto"
@@ -154,6 +160,11 @@ class AgentConfig:
             raise ConfigError(f"--cgroups must be auto or off, got {self.cgroups!r}")
         if self.log_max_bytes < 4096:
             raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
+        if self.log_total_bytes < 2 * self.log_max_bytes:
+            raise ConfigError(f"--log-total-bytes must be at least twice --log-max-bytes ({2 * self.log_max_bytes} "
+                              f"bytes: one task's log and its rotated part), got {self.log_total_bytes}")
+        if not 1 <= self.disk_warn_percent <= 100:
+            raise ConfigError(f"--disk-warn-percent must be 1..100, got {self.disk_warn_percent}")
         if self.checkpoint_timeout_s <= 0:
             raise ConfigError(f"--checkpoint-timeout-s must be > 0, got {self.checkpoint_timeout_s}")
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):

@@ -163,7 +163,8 @@ def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | Non
     return None
 
 
-_CONTROL_TO_PB = {Control.PAUSE: worker_pb2.CONTROL_ACTION_PAUSE, Control.CANCEL: worker_pb2.CONTROL_ACTION_CANCEL}
+_CONTROL_TO_PB = {Control.PAUSE: worker_pb2.CONTROL_ACTION_PAUSE, Control.CANCEL: worker_pb2.CONTROL_ACTION_CANCEL,
+                  Control.CHECKPOINT: worker_pb2.CONTROL_ACTION_CHECKPOINT}
 
 
 def control_to_pb(control: Control) -> worker_pb2.AgentCommand:

@@ -104,7 +104,8 @@ class Agent:
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
         # the submits' reference checks, at the workers' placement, killed at shutdown
         self.checks = RefChecks(config.check_timeout_s, placement_env=check_env)
-        self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later)
+        self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later,
+                                   on_freed=self.supervisor.disk_freed)
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None
 

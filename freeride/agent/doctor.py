@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from freeride.agent.config import AgentConfig
+from freeride.core import disk
+from freeride.core.units import format_size
 from freeride.errors import FreerideError
 from freeride.gpu.device import Device, GpuError, NoGpuError
 from freeride.gpu.mps import MpsControl
@@ -53,6 +55,7 @@ def run_checks(config: AgentConfig) -> list[Check]:
             device.close()
     checks.append(_dir_check("socket-dir", config.socket_path.parent))
     checks.append(_dir_check("state-dir", config.state_dir))
+    checks.append(disk_check(config.state_dir, config.disk_warn_percent))
     checks.append(Check("mps-fault-model", INFO, FAULT_MODEL, FAULT_FIX))
     return checks
 
@@ -151,6 +154,22 @@ def _dir_check(name: str, path: Path, must_exist: bool = False) -> Check:
         return Check(name, WARN, f"{path} is writable by every user (mode {mode:o})",
                      f"chmod o-w {path}: anyone could replace the sockets in it")
     return Check(name, OK, f"{path} (mode {mode:o})")
+
+
+def disk_check(state_dir: Path, warn_percent: int) -> Check:
+    """How full the state directory's file system is: a warning from `warn_percent` on, before it is full (a full
+    one keeps tasks waiting and the database unwritten until space is freed)."""
+    try:
+        u = disk.usage(state_dir)
+    except OSError as exc:
+        return Check("state-disk", WARN, f"the space of {state_dir}'s file system is unknown: {exc}")
+    detail = (f"{state_dir}: {u.used_ratio:.0%} of {format_size(u.total_bytes)} used, "
+              f"{format_size(u.free_bytes) if u.free_bytes else '0 B'} free")
+    if u.used_ratio * 100 >= warn_percent:
+        return Check("state-disk", WARN, f"{detail} (at or above --disk-warn-percent {warn_percent})",
+                     "free space: `freeride prune --older-than 7d` (or --retention 7d), `freeride rm ID`, a lower "
+                     "--log-total-bytes, or a larger disk; when it is full, tasks wait and submissions are refused")
+    return Check("state-disk", OK, detail)
 
 
 def failed(checks: list[Check]) -> bool:

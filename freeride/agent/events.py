@@ -89,10 +89,11 @@ WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | 
 
 # -- to workers ------------------------------------------------------------------------------------
 class Control(enum.Enum):
-    """What the agent asks of an attached worker (both: checkpoint, then exit)."""
+    """What the agent asks of an attached worker (pause, cancel: checkpoint, then exit; checkpoint: and go on)."""
 
     PAUSE = "pause"
     CANCEL = "cancel"
+    CHECKPOINT = "checkpoint"  # (sent to a worker waiting for a full disk once space was freed: try now)
 
 
 class WorkerSetup(NamedTuple):

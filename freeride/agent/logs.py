@@ -5,8 +5,10 @@ a loop cannot fill the disk, and the agent's loop never does file I/O. One threa
 pipes at once (a selector, woken by the kernel when a worker writes and by a wake-up pipe for the
 agent's requests; no polling) and appends what it reads to `task-N.log`. At `max_bytes` that file
 becomes `task-N.log.1` (replacing an older one) and a new one starts: at most 2x the cap per task,
-and the newest output (a traceback) always kept. What a worker wrote before it died (a segfault's
-last words) is still in its pipe: `drain` reads it before the agent looks at the log's last line.
+and the newest output (a traceback) always kept. All tasks' logs together stay under a total
+(`--log-total-bytes`, freeride.agent.logbudget): past it, the least recently written files go first.
+What a worker wrote before it died (a segfault's last words) is still in its pipe: `drain` reads it
+before the agent looks at the log's last line.
 
 Readers (`freeride logs`) get the stored log (the rotated file first), then, when they follow, each
 chunk as the thread writes it: the thread hands it to the follower's buffer and wakes the loop once
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from freeride.agent.logbudget import TaskLogBudget
 from freeride.core.private import create_private, private_dir
 
 log = logging.getLogger(__name__)
@@ -96,6 +99,7 @@ class _Follower:
 class _TaskFile:
     path: Path
     max_bytes: int
+    budget: TaskLogBudget | None = None
     fd: int = -1
     size: int = 0
     pipes: int = 0  # open pipes writing to it
@@ -112,10 +116,14 @@ class _TaskFile:
                 self.close()
                 with contextlib.suppress(FileNotFoundError):  # removed meanwhile (freeride rm)
                     os.replace(self.path, rotated(self.path))
+                    if self.budget is not None:
+                        self.budget.renamed(self.path, rotated(self.path))
                 continue
             n = os.write(self.fd, view[:room])
             self.size += n
             view = view[n:]
+            if self.budget is not None:
+                self.budget.wrote(self.path, n)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -132,9 +140,11 @@ class _Pipe:
 class TaskLogs:
     """Every task's log file, written by one thread; `close()` once no worker is left."""
 
-    def __init__(self, log_dir: Path, max_bytes: int) -> None:
+    def __init__(self, log_dir: Path, max_bytes: int, total_bytes: int | None = None) -> None:
+        """`total_bytes`: the budget of all tasks' logs together (None: none, each task's cap alone)."""
         self.log_dir = log_dir
         self.max_bytes = max_bytes
+        self._budget = TaskLogBudget(log_dir, total_bytes) if total_bytes is not None else None
         self._loop = asyncio.get_running_loop()
         self._files: dict[str, _TaskFile] = {}  # tasks with an open pipe (the writer thread's)
         self._pipes: dict[int, _Pipe] = {}  # read end -> its task (the writer thread's)
@@ -282,7 +292,7 @@ class TaskLogs:
         self._pipes[fd] = _Pipe(task_id)
         file = self._files.get(task_id)
         if file is None:
-            file = self._files[task_id] = _TaskFile(self.path(task_id), self.max_bytes)
+            file = self._files[task_id] = _TaskFile(self.path(task_id), self.max_bytes, self._budget)
         file.pipes += 1
         self._selector.register(fd, selectors.EVENT_READ)
 
@@ -311,6 +321,8 @@ class TaskLogs:
             try:
                 file.write(data)
                 file.failed = False
+                if self._budget is not None:
+                    self._budget.enforce(self._close_path)
             except OSError as exc:  # a full disk: this output is lost, the worker is not held up
                 file.close()
                 if not file.failed:
@@ -320,6 +332,13 @@ class TaskLogs:
             with self._followers_lock:
                 for follower in self._followers.get(task_id, ()):
                     follower.push(data)
+
+    def _close_path(self, path: Path) -> None:
+        """The budget removes `path`: if a task's file open now is that one, close it (its next output starts a
+        new file). (The writer thread, under the lock.)"""
+        for file in self._files.values():
+            if file.path == path:
+                file.close()
 
     def _eof(self, fd: int, pipe: _Pipe) -> None:
         self._selector.unregister(fd)

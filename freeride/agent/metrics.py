@@ -28,6 +28,7 @@ from freeride.agent.config import ConfigError
 from freeride.agent.convert import stats_to_pb
 from freeride.agent.histogram import Histogram
 from freeride.agent.trainers import GRPC, SHM
+from freeride.core import disk
 from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
 
@@ -50,6 +51,8 @@ class Snapshot:
     memory_bytes: dict[str, int] = field(default_factory=dict)  # current, per task with a live worker
     task_bubbles: dict[str, tuple[int, int]] = field(default_factory=dict)  # (bubbles, ns) it had a share of
     start_time_unix_s: float = 0.0
+    disk: disk.Usage | None = None  # the state directory's file system (read in the scrape's thread, not the loop)
+    disk_warn_percent: int = 90
 
 
 def take_snapshot(agent: Agent) -> Snapshot:
@@ -62,6 +65,7 @@ def take_snapshot(agent: Agent) -> Snapshot:
                       if rt.worker is not None and rt.memory_bytes is not None},
         task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.table.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
+        disk_warn_percent=agent.config.disk_warn_percent,
     )
 
 
@@ -223,6 +227,16 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         if t.id in snap.memory_bytes:
             per_task["mem"].add_metric(tl, snap.memory_bytes[t.id])  # type: ignore[attr-defined]
     families_.extend(per_task.values())
+    if snap.disk is not None:
+        u = snap.disk
+        add_gauge("freeride_state_disk_size_bytes", "Size of the state directory's file system.", u.total_bytes)
+        add_gauge("freeride_state_disk_free_bytes", "Space the agent and its workers may still write on the state "
+                  "directory's file system.", u.free_bytes)
+        add_gauge("freeride_state_disk_used_ratio", "Part of the state directory's file system no unprivileged "
+                  "writer can use any more (0..1).", u.used_ratio)
+        add_gauge("freeride_state_disk_warning", "1 while the state directory's file system is at or above "
+                  "--disk-warn-percent full: free space before tasks must wait for it.",
+                  1.0 if u.used_ratio * 100 >= snap.disk_warn_percent else 0.0)
     return iter(families_)
 
 
@@ -246,6 +260,10 @@ class AgentCollector(Collector):
         except Exception as exc:  # loop stopping or stalled: serve the process metrics alone
             log.warning("metrics scrape without agent state: %s", exc or type(exc).__name__)
             return iter(())
+        try:  # here, not on the loop: a statvfs of a hung file system must not stall the bubbles
+            snap.disk = disk.usage(self._agent.config.state_dir)
+        except OSError as exc:
+            log.warning("metrics scrape without the state disk's space: %s", exc)
         return families(snap)
 
 

@@ -1,9 +1,13 @@
 """Retention: finished tasks removed with their checkpoint and logs, by hand (rm, prune) or by age.
 
 Only a finished task (DONE, FAILED, CANCELLED) whose worker has exited goes. Its record leaves the
-table first (so nothing writes it again), then its row (one transaction; the id is never given out
-again), then its files: `checkpoints/task-N.ckpt*` and `logs/task-N.log*` in the state directory,
-regular files only, nothing else. A row that cannot be deleted (disk full) puts the records back.
+table first (so nothing writes it again), then its files: `checkpoints/task-N.ckpt*` and
+`logs/task-N.log*` in the state directory, regular files only, nothing else; then its row (one
+transaction; the id is never given out again). Files first, because removing is how an operator frees
+a full disk, and SQLite needs space to delete a row: the files' space lets the row go. A row that still
+cannot be deleted puts the records back (shown as finished tasks whose files are gone) and the call
+says so; removing them again deletes the rows. Space freed wakes what waits for the disk
+(`on_freed`: the supervisor's `disk_freed`).
 
 With a retention period (`--retention 7d`) the agent prunes at start and then on a timer set for
 the next expiry, at most an hour away (the wall clock may jump); one log line per pass.
@@ -100,9 +104,10 @@ class Removal:
 class Retention:
     def __init__(self, table: TaskTable, store: Store, state_dir: Path, keep_s: float | None,
                  call_later: CallLater, wall_clock: Callable[[], float] = time.time,
-                 exit_timeout_s: float = 15.0) -> None:
+                 exit_timeout_s: float = 15.0, on_freed: Callable[[], None] | None = None) -> None:
         """`keep_s`: the agent's retention period (None: keep forever, no timer); `exit_timeout_s`: how long
-        `rm` waits for a just-cancelled task's worker to checkpoint and exit."""
+        `rm` waits for a just-cancelled task's worker to checkpoint and exit; `on_freed()`: files were removed."""
+        self._on_freed = on_freed
         self._table = table
         self._store = store
         self._state_dir = state_dir
@@ -154,12 +159,21 @@ class Retention:
         for rec in recs:  # first out of the table: no write after this one brings them back
             del self._table.records[rec.id]
         try:
-            await self._store.delete([r.id for r in recs])
-        except Exception:
+            files, size = await asyncio.to_thread(
+                regular_files, [p for r in recs for p in task_files(self._state_dir, r.id)], True)
+        except BaseException:
             self._table.records.update((r.id, r) for r in recs)
             raise
-        files, size = await asyncio.to_thread(
-            regular_files, [p for r in recs for p in task_files(self._state_dir, r.id)], True)
+        if files and self._on_freed is not None:
+            self._on_freed()
+        try:
+            await self._store.delete([r.id for r in recs])
+        except InvalidStateError as exc:
+            self._table.records.update((r.id, r) for r in recs)
+            raise InvalidStateError(f"{exc} (their {files} file(s), {size} bytes, are removed already)") from None
+        except BaseException:
+            self._table.records.update((r.id, r) for r in recs)
+            raise
         log.info("removed %d finished task(s) (%s) with %d file(s), %d bytes", len(recs),
                  ", ".join(r.id for r in recs), files, size)
         return Removal(recs, files, size)

@@ -203,7 +203,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             log.warning("workers contained by process group, environment mark and a record of their process trees "
                         "only (%s): a process a task starts that calls setsid(), clears its environment and leaves "
                         "the worker's tree within one memory check can outlive it", containment)
-        task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes)
+        task_logs = TaskLogs(config.state_dir / "logs", config.log_max_bytes, config.log_total_bytes)
         stack.callback(task_logs.close)  # after the workers are gone (agent.shutdown runs before)
         launcher = WorkerLauncher(config.worker_target, config.state_dir / "logs", config.gpu, placement=placement,
                                   logs=task_logs, cgroups=cgroups)

@@ -37,6 +37,7 @@ from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
 from freeride.agent.timers import CallLater, TimerHandle
 from freeride.agent.workers import describe_exit, last_log_line
+from freeride.core import disk
 from freeride.core.exits import NO_RESTART
 from freeride.core.units import format_seconds
 from freeride.errors import InvalidStateError
@@ -47,6 +48,7 @@ _CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL
 _WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
 _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
 _FITS_NONE = "waiting: its steps"  # the reason of a task whose steps fit no bubble seen
+_DISK_FULL = _WAITING + disk.WAIT_PREFIX  # the reason of a task that waits for space on a full disk
 
 
 class Launcher(Protocol):
@@ -70,7 +72,8 @@ class Supervisor:
         self._scheduler = scheduler
         self._call_later: CallLater = call_later or asyncio.get_running_loop().call_later
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
-        self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart
+        self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart (or start after a full disk)
+        self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
         self._stop_deadlines: dict[str, TimerHandle] = {}  # task id -> when its asked-for checkpoint is overdue
         self._checkpoint_deadlines: dict[str, TimerHandle] = {}  # task id -> when its running checkpoint is overdue
         self._watchdog: TimerHandle | None = None
@@ -157,6 +160,8 @@ class Supervisor:
             rt.worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
         finally:
             rt.spawning = False
+        if self._disk_waits.pop(rec.id, None) is not None and rec.state is TaskState.STARTING:
+            self._table.set_reason(rec, "started after the disk was full")
         worker = rt.worker
         if self._memory.client_started(worker.pid, rec.spec.no_mps):
             worker.before_kill = self._memory.terminate_client
@@ -171,14 +176,48 @@ class Supervisor:
         self._background.spawn(self.start(rec, reason))  # (start() acts on its own failures)
 
     def _start_failed(self, rec: TaskRecord, exc: Exception) -> None:
-        log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
         worker = self._table.worker(rec.id)
+        if worker is None and isinstance(exc, OSError) and disk.is_full(exc):
+            self._wait_for_disk(rec, exc)
+            return
+        log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
         if worker is not None:  # it failed after the spawn: the worker's exit is the crash
             worker.kill(f"could not start its worker: {exc}")
             return
         self._table.live.pop(rec.id, None)  # its wait or its reservation goes with it
         if not self.stopping and (rec.state is TaskState.SUBMITTED or rec.state.active):
             self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
+
+    def _wait_for_disk(self, rec: TaskRecord, exc: OSError) -> None:
+        """Its worker's files could not be created, the disk is full: not the task's fault, so no restart is
+        charged. It waits STARTING with the reason, and is started again with backoff, or at once when the agent
+        frees space (`disk_freed`)."""
+        self._table.live.pop(rec.id, None)  # its reservation goes; admission runs again on the next start
+        if self.stopping or not (rec.state is TaskState.SUBMITTED or rec.state.active):
+            return
+        tries = self._disk_waits.get(rec.id, 0)
+        self._disk_waits[rec.id] = tries + 1
+        delay = min(disk.RETRY_S * 2 ** tries, disk.MAX_RETRY_S)
+        reason = _WAITING + disk.wait_reason("its worker's files cannot be created in", self._cfg.state_dir, exc)
+        if rec.reason != reason:
+            log.warning("task %s %s; starting it again in %.0fs", rec.id, reason, delay)
+        self._table.set_state(rec, TaskState.STARTING, reason)
+        self._cancel_restart(rec.id)
+        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+
+    def disk_freed(self) -> None:
+        """Space was freed (rm, prune, retention): what waits for the disk tries again now, not at its next
+        backoff: a task not started starts, a worker whose checkpoint failed is asked for one."""
+        for task_id in list(self._restarts):
+            rec = self._table.records.get(task_id)
+            if rec is not None and task_id in self._disk_waits and rec.reason.startswith(_DISK_FULL):
+                self._cancel_restart(task_id)
+                self._restart(rec)
+        for task_id, rt in list(self._table.live.items()):
+            rec = self._table.records.get(task_id)
+            if (rec is not None and rec.state is TaskState.READY and rt.desired is None
+                    and rec.reason.startswith(_DISK_FULL)):
+                self._send(rt, Control.CHECKPOINT)
 
     def _on_exit(self, worker: Worker, code: int) -> None:
         if not self._table.worker_exited(worker):  # one removal: its runtime, reservation and sample go
@@ -223,7 +262,7 @@ class Supervisor:
     def _restart(self, rec: TaskRecord) -> None:
         self._restarts.pop(rec.id, None)
         if rec.state is TaskState.STARTING:
-            self._start_soon(rec, rec.reason)
+            self._start_soon(rec, rec.reason)  # (a wait for the disk keeps its reason while it tries again)
 
     def _cancel_restart(self, task_id: str) -> None:
         timer = self._restarts.pop(task_id, None)
@@ -238,6 +277,7 @@ class Supervisor:
     def stop(self, rec: TaskRecord, desired: TaskState) -> None:
         """Ask the task's worker to checkpoint and exit, to become `desired` (PAUSED or CANCELLED)."""
         self._cancel_restart(rec.id)
+        self._disk_waits.pop(rec.id, None)
         rt = self._table.live.get(rec.id)
         if rt is not None and rt.worker is not None:
             self._stop(rt, rt.worker, desired)

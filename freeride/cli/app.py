@@ -106,6 +106,9 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
                      help="the agent's state dir (env FREERIDE_STATE_DIR; default ./freeride-state, relative to the "
                           "directory the command runs in)")
     doc.add_argument("--socket", type=Path, help="the agent's socket path (env FREERIDE_SOCKET)")
+    doc.add_argument("--disk-warn-percent", type=whole(1, 100), metavar="PCT",
+                     help="warn once the state dir's file system is this full (env FREERIDE_DISK_WARN_PERCENT; "
+                          "default 90)")
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=commands.cmd_doctor)
 

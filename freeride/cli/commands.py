@@ -77,6 +77,13 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-max-bytes", type=parse_size, metavar="SIZE",
                    help=f"each task's log rotates at this size, at most 2x kept (default "
                         f"{format_size(d.log_max_bytes)}; env FREERIDE_LOG_MAX_BYTES)")
+    p.add_argument("--log-total-bytes", type=parse_size, metavar="SIZE",
+                   help="all tasks' logs together stay under this; past it the least recently written files go "
+                        f"first (default {format_size(d.log_total_bytes)}, at least 2x --log-max-bytes; "
+                        "env FREERIDE_LOG_TOTAL_BYTES)")
+    p.add_argument("--disk-warn-percent", type=whole(), metavar="PCT",
+                   help="warn (doctor, the start-up log, /metrics) once the state directory's file system is this "
+                        f"full (default {d.disk_warn_percent}; env FREERIDE_DISK_WARN_PERCENT)")
     p.add_argument("--metrics-port", type=whole(),
                    help="serve Prometheus /metrics on this port (env FREERIDE_METRICS_PORT; default off)")
     p.add_argument("--metrics-addr",

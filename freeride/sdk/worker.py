@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from freeride.core import disk
 from freeride.core.cpu import apply_from_env
 from freeride.core.exits import NO_RESTART
 from freeride.core.private import create_private
@@ -56,6 +57,10 @@ class _CheckpointFormatError(Exception):
 
 class _CheckpointError(Exception):
     """Taking, writing or restoring the task's checkpoint failed; the message names the part (state_dict(), ...)."""
+
+    def __init__(self, message: str, disk_full: str = "") -> None:
+        super().__init__(message)
+        self.disk_full = disk_full  # the disk is full: the reason to wait with (freeride.core.disk), not a failure
 
 
 class _PlumbingError(BaseException):
@@ -97,6 +102,7 @@ class _Gate:
         self._wid = 0
         self._until_ns = 0
         self._last_wid = 0
+        self._waiting_for = ""  # the reason of the wait under way (Unavailable, a full disk); empty: none
         self._stepped = False  # whether a step ran in the current window
         self._steps: list[pb.Step] = []
         self.total_steps = 0
@@ -233,40 +239,68 @@ class _Gate:
         on the stream, and grants nothing until WorkerWaiting(waiting=false). The wait blocks on the
         reader thread's wake-up pipe, so pause, cancel and a lost agent end it at once (TaskStop).
         """
+        self._wait(str(exc.reason), exc.retry_s, exc.max_retry_s, available, asked_retries=False)
+
+    def wait_for_disk(self, reason: str, written: Callable[[], bool]) -> None:
+        """A checkpoint could not be written, the disk is full: wait as for an unavailable resource, holding no
+        window, until `written()` (the checkpoint tried again) succeeds: with backoff, and at once when the agent
+        asks for a checkpoint (it does after it freed space)."""
+        self._wait(reason, disk.RETRY_S, disk.MAX_RETRY_S, written, asked_retries=True)
+
+    def _wait(self, reason: str, retry_s: float, max_retry_s: float, available: Callable[[], bool],
+              asked_retries: bool) -> None:
+        """Wait holding no window until `available()`; `asked_retries`: a checkpoint the agent asks for ends the
+        current delay (try now) instead of being taken. A wait inside another (a full disk while a task waits
+        for its resource) gives the outer one's reason back when it ends, not "available"."""
         s = self._s
         assert self.window is not None
-        reason = str(exc.reason)
+        outer = self._waiting_for
+        self._waiting_for = reason
         self.close(pb.WINDOW_END_REASON_UNAVAILABLE)
         self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=True)))
-        log.info("task unavailable (%s); waiting, first retry in %ss", reason, exc.retry_s)
-        delays = backoff_delays(exc.retry_s, exc.max_retry_s)
+        log.info("task unavailable (%s); waiting, first retry in %ss", reason, retry_s)
+        delays = backoff_delays(retry_s, max_retry_s)
         complained = False
-        while True:
-            deadline = time.monotonic() + next(delays)
-            while True:  # until the deadline; a checkpoint asked meanwhile is taken, the wait goes on
-                self._stop_if_asked()
-                if self._checkpoint_if_asked():
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                select.select([s._wake_r], [], [], left)
-                s.drain()
-            try:
-                if available():
-                    break
-            except Exception:
-                if not complained:  # once per wait: it may be called every few seconds for hours
-                    log.warning("available() raised; counted as not available", exc_info=True)
-                    complained = True
-        # Grants written while the task waited are stale: the agent took the task out of its windows
-        # when it read WorkerWaiting(waiting=true), before any grant this worker could act on.
-        if not self.window.drain():
-            s.lost = True
-            self._stop_if_asked()
-        self._last_wid = max(self._last_wid, self.window.read().window_id)
+        try:
+            while True:
+                deadline = time.monotonic() + next(delays)
+                while True:  # until the deadline; a checkpoint asked meanwhile is taken, the wait goes on
+                    self._stop_if_asked()
+                    if asked_retries and s.control == pb.CONTROL_ACTION_CHECKPOINT:
+                        s.control = pb.CONTROL_ACTION_UNSPECIFIED
+                        break
+                    if self._checkpoint_if_asked():
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    select.select([s._wake_r], [], [], left)
+                    s.drain()
+                self.forget_stale_grants()
+                try:
+                    if available():
+                        break
+                except Exception:
+                    if not complained:  # once per wait: it may be called every few seconds for hours
+                        log.warning("available() raised; counted as not available", exc_info=True)
+                        complained = True
+        finally:
+            self._waiting_for = outer
+        self.forget_stale_grants()
+        if outer:
+            self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=outer, waiting=True)))
+            return
         self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=False)))
         log.info("task available again (was: %s)", reason)
+
+    def forget_stale_grants(self) -> None:
+        """Grants written while the task waits are stale: the agent took the task out of its windows when it
+        read WorkerWaiting(waiting=true), before any grant this worker could act on."""
+        assert self.window is not None
+        if not self.window.drain():
+            self._s.lost = True
+            self._stop_if_asked()
+        self._last_wid = max(self._last_wid, self.window.read().window_id)
 
     def yield_point(self) -> None:
         """An imperative task finished a piece: account it, then wait until the next may run."""
@@ -518,7 +552,7 @@ class Worker:
                         continue
                     self.gate.step_done(start, time.monotonic_ns())
             self.gate.close(pb.WINDOW_END_REASON_DONE)
-            self._checkpoint()
+            self._checkpoint_or_wait()
         except TaskStop:
             return self._stop()
         except _PlumbingError as exc:
@@ -565,7 +599,27 @@ class Worker:
     def _maybe_checkpoint(self, force: bool) -> None:
         interval = self._setup.checkpoint_interval_s
         if force or (interval > 0 and time.monotonic() - self._ckpt_at >= interval):
+            self._checkpoint_or_wait()
+
+    def _checkpoint_or_wait(self) -> None:
+        """A checkpoint; on a full disk the task waits, holding no window, until it is written (no failure, no
+        restart: the state is still in this process, and the steps it would lose are not run meanwhile)."""
+        try:
             self._checkpoint()
+        except _CheckpointError as exc:
+            if not exc.disk_full:
+                raise
+            log.warning("%s; waiting for space", exc)
+            self.gate.wait_for_disk(exc.disk_full, self._checkpoint_written)
+
+    def _checkpoint_written(self) -> bool:
+        try:
+            self._checkpoint()
+        except _CheckpointError as exc:
+            if not exc.disk_full:
+                raise
+            return False
+        return True
 
     def _checkpoint(self) -> None:
         """Take and write a checkpoint, telling the agent when it begins and ends: it is no step, whoever asked
@@ -604,8 +658,14 @@ class Worker:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as exc:
-            raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}") from exc
+            with contextlib.suppress(OSError):  # a partial file: its space goes back (the previous checkpoint stays)
+                tmp.unlink()
+            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc) if disk.is_full(exc) \
+                else ""
+            raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}", disk_full=full) from exc
         except Exception as exc:  # pickle's errors: PicklingError, TypeError, AttributeError
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             raise _CheckpointError(
                 f"what state_dict() returned cannot be pickled: {type(exc).__name__}: {exc}") from exc
         self._out.put(

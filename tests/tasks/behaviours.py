@@ -261,3 +261,26 @@ class HugeProgress(Counter):
     def progress(self) -> Mapping[str, float]:
         self.huge["count"] = float(self.count)
         return self.huge
+
+
+class Ballast(Counter):
+    """A Counter whose checkpoint carries `ballast_bytes` of padding (a large model state on the disk)."""
+
+    def __init__(self, ballast_bytes: int = 1 << 20, steps: int = 0) -> None:
+        super().__init__(steps=steps)
+        self.ballast = b"\0" * ballast_bytes
+
+    def state_dict(self) -> Mapping[str, Any]:
+        return {"count": self.count, "ballast": self.ballast}
+
+
+class Prints(Counter):
+    """A Counter that prints a line of `line_bytes` every step (a chatty task: its logs grow as it runs)."""
+
+    def __init__(self, line_bytes: int = 1024, steps: int = 0) -> None:
+        super().__init__(steps=steps)
+        self.line = "x" * max(0, line_bytes - 16)
+
+    def step(self) -> None:
+        super().step()
+        print(f"{self.count:>14} {self.line}", flush=True)

@@ -107,3 +107,15 @@ def test_size_env_twins_take_sizes_as_their_flags_do() -> None:
 def test_a_seconds_env_twin_must_be_finite_as_its_flag_must(raw: str) -> None:
     with pytest.raises(ConfigError, match=r"FREERIDE_CHECKPOINT_TIMEOUT_S=.* is not a valid finite number"):
         env_defaults({"FREERIDE_CHECKPOINT_TIMEOUT_S": raw})
+
+
+def test_the_log_total_and_the_disk_warning_have_env_twins_and_bounds() -> None:
+    c = AgentConfig(**env_defaults({"FREERIDE_LOG_TOTAL_BYTES": "64MiB",  # type: ignore[arg-type]
+                                    "FREERIDE_DISK_WARN_PERCENT": "80"})).validate()
+    assert (c.log_total_bytes, c.disk_warn_percent) == (64 << 20, 80)
+    assert AgentConfig().validate().log_total_bytes == 1 << 30  # a total by default, not only a cap per task
+    with pytest.raises(ConfigError, match=r"--log-total-bytes must be at least twice --log-max-bytes \(131072 bytes"):
+        AgentConfig(log_max_bytes=64 << 10, log_total_bytes=100_000).validate()
+    for bad in (0, 101):
+        with pytest.raises(ConfigError, match=r"--disk-warn-percent must be 1\.\.100"):
+            AgentConfig(disk_warn_percent=bad).validate()

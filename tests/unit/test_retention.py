@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,8 @@ def test_a_tasks_files_are_its_checkpoint_and_logs_and_nothing_else(tmp_path: Pa
 
 # -- removing, with the real store and registry ----------------------------------------------------
 class Rig:
-    def __init__(self, state_dir: Path, keep_s: float | None = None) -> None:
+    def __init__(self, state_dir: Path, keep_s: float | None = None,
+                 on_freed: Callable[[], None] | None = None) -> None:
         self.state_dir = state_dir
         self.registry = Registry(state_dir / "freeride.db")
         self.timers = ManualTimers()
@@ -115,7 +117,7 @@ class Rig:
         self.store = Store(self.registry, 0, state_dir, self.table.snapshot, Counters,
                            call_later=self.timers.call_later)
         self.retention = Retention(self.table, self.store, state_dir, keep_s, self.timers.call_later,
-                                   wall_clock=lambda: self.now_s, exit_timeout_s=0.01)
+                                   wall_clock=lambda: self.now_s, exit_timeout_s=0.01, on_freed=on_freed)
 
     async def add(self, state: TaskState, age_s: float, created_age_s: float | None = None) -> TaskRecord:
         r = rec("", state, age_s, created_age_s)
@@ -217,17 +219,45 @@ async def test_prune_goes_by_the_last_change_a_long_running_task_finished_lately
 
 
 @in_loop
-async def test_a_delete_the_database_refuses_keeps_the_tasks_and_their_files(tmp_path: Path) -> None:
+async def test_files_go_before_the_row_so_that_a_full_disk_can_be_freed_and_the_space_freed_is_announced(
+    tmp_path: Path,
+) -> None:
+    freed: list[int] = []
+    rig = Rig(tmp_path, on_freed=lambda: freed.append(len(rig.files())))
+    done = await rig.add(TaskState.DONE, 10)
+    real_delete = rig.registry.delete
+    files_at_delete: list[list[str]] = []
+
+    def delete(ids: list[str]) -> None:  # SQLite needs space to delete a row: the files' space must be back first
+        files_at_delete.append(rig.files())
+        real_delete(ids)
+
+    rig.registry.delete = delete  # type: ignore[method-assign]
+    removal = await rig.retention.remove(done)
+    assert (removal.files, files_at_delete, freed) == (3, [[]], [0])  # files gone before the row; announced once
+    assert rig.on_disk() == [] and list(rig.table.records) == []
+    await rig.close()
+
+
+@in_loop
+async def test_a_row_the_database_still_refuses_keeps_the_task_listed_and_says_its_files_are_gone(
+    tmp_path: Path,
+) -> None:
     rig = Rig(tmp_path)
     done = await rig.add(TaskState.DONE, 10)
+    real_delete = rig.registry.delete
 
     def full(ids: list[str]) -> None:
         raise RegistryWriteError("writing freeride.db failed: database or disk is full")
 
     rig.registry.delete = full  # type: ignore[method-assign]
-    with pytest.raises(InvalidStateError, match=r"disk is full.*then remove the tasks again"):
+    with pytest.raises(InvalidStateError, match=r"disk is full.*then remove the tasks again.*3 file\(s\), 300 bytes, "
+                                                r"are removed already"):
         await rig.retention.remove(done)
-    assert list(rig.table.records) == [done.id] and len(rig.files()) == 3
+    assert list(rig.table.records) == [done.id] and rig.files() == []  # listed, its files gone
+    rig.registry.delete = real_delete  # type: ignore[method-assign]
+    removal = await rig.retention.remove(done)  # again, once the database can be written: the row goes
+    assert [r.id for r in removal.tasks] == [done.id] and removal.files == 0 and rig.on_disk() == []
     await rig.close()
 
 

@@ -8,6 +8,7 @@ manual timers: backoff delays are read off the timers the supervisor sets, never
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
 from pathlib import Path
 
@@ -93,11 +94,11 @@ async def test_a_failure_the_worker_calls_final_is_not_retried(rig: Rig) -> None
 @in_loop
 async def test_a_spawn_that_raises_is_a_crash_restarted_with_backoff_and_the_reason_says_why(rig: Rig) -> None:
     rec = rig.task(cap_bytes=64 * MiB)
-    rig.launcher.fail = OSError(28, "No space left on device")
+    rig.launcher.fail = OSError(errno.EMFILE, "Too many open files")
     await rig.sup.start(rec)  # no exception escapes, and the task is not left STARTING for good
     assert rec.state is TaskState.STARTING
     assert rec.restarts == 1
-    assert "could not start its worker" in rec.reason and "No space left on device" in rec.reason
+    assert "could not start its worker" in rec.reason and "Too many open files" in rec.reason
     assert rig.table.live == {}  # its reservation went with the failed start
     (timer,) = rig.timers.pending()
     assert timer.at == 1.0
@@ -126,6 +127,64 @@ async def test_a_start_that_breaks_before_the_spawn_is_a_crash_too(rig: Rig) -> 
     assert rec.state is TaskState.STARTING and "could not start its worker: NVML went away" in rec.reason
     assert rig.launcher.workers == [] and rig.table.live == {}
     assert len(rig.timers.pending()) == 1  # restarted with backoff
+
+
+# -- a full disk -----------------------------------------------------------------------------------
+DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
+
+
+@in_loop
+async def test_a_spawn_on_a_full_disk_waits_with_a_reason_and_backoff_and_is_charged_no_restart(rig: Rig) -> None:
+    rec = rig.task(cap_bytes=64 * MiB, max_restarts=0)  # one crash would make it FAILED
+    reasons: list[str] = []  # every reason written, in order
+    on_change = rig.table._on_change
+    rig.table._on_change = lambda r, change: (reasons.append(r.reason), on_change(r, change))  # type: ignore[method-assign]
+    delays = []
+    for _ in range(8):
+        rig.launcher.fail = DISK_FULL
+        if rec.state is TaskState.SUBMITTED:
+            await rig.sup.start(rec)
+        else:
+            before = rig.timers.now
+            rig.timers.fire_next()
+            await rig.sup.settle()
+            delays.append(rig.timers.now - before)
+        assert (rec.state, rec.restarts) == (TaskState.STARTING, 0)
+        assert rec.reason.startswith("waiting: disk full: its worker's files cannot be created in ")
+        assert all(r.startswith("waiting: disk full") for r in reasons[1:])  # each try keeps it: no flicker
+        assert "No space left on device" in rec.reason and rig.table.live == {}  # no reservation held meanwhile
+    assert delays == [1, 2, 4, 8, 16, 30, 30]  # doubled, at most 30 s: a timer, not a busy retry
+    rig.timers.fire_next()  # the disk has room again
+    await rig.sup.settle()
+    worker = rig.worker(rec)
+    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    assert (rec.state, rec.restarts, rec.reason) == (TaskState.READY, 0, "started after the disk was full")
+
+
+@in_loop
+async def test_space_freed_starts_what_waits_for_the_disk_at_once_and_asks_a_waiting_worker_to_checkpoint(
+    rig: Rig,
+) -> None:
+    starting = rig.task()
+    rig.launcher.fail = DISK_FULL
+    await rig.sup.start(starting)
+    ckpt, ckpt_worker = await ready_task(rig)
+    ckpt_out = attach(rig, ckpt.id, ckpt_worker.instance)
+    rig.sup.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting(
+        "disk full: its checkpoint cannot be written to /s/checkpoints (No space left on device); free space", True))
+    assert ckpt.reason.startswith("waiting: disk full: its checkpoint") and ckpt.id not in rig.scheduler.tasks
+    redis, redis_worker = await ready_task(rig)
+    redis_out = attach(rig, redis.id, redis_worker.instance)
+    rig.sup.on_worker_message(redis.id, redis_worker.instance, Waiting("redis at db:6379 does not answer", True))
+
+    rig.sup.disk_freed()  # freeride rm / prune / retention removed files
+    await rig.sup.settle()
+    assert rig.worker(starting).task_id == starting.id and starting.restarts == 0  # started now, not at its timer
+    assert [t for t in rig.timers.pending() if t.at == 1.0] == []  # its backoff timer is gone
+    assert ckpt_out.get_nowait() is Control.CHECKPOINT  # tries its checkpoint now
+    assert redis_out.empty()  # waits for something else: not disturbed
+    rig.sup.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting("disk full: …", False))
+    assert ckpt.reason == "" and ckpt.id in rig.scheduler.tasks  # written: it is scheduled again
 
 
 # -- stop ------------------------------------------------------------------------------------------

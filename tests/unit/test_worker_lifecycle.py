@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from disk_support import fill, small_disk
 from test_worker_gate import Harness
 
 from freeride import TaskStop
@@ -103,6 +104,17 @@ class InProcessWorker:
             if msg.WhichOneof("body") == kind:
                 return msg
 
+    def until(self, kind: str) -> tuple[list[str], pb.WorkerMessage]:
+        """The kinds of the messages before the next one of `kind`, and that one."""
+        seen: list[str] = []
+        while True:
+            msg = self.worker._out.get(timeout=10)
+            assert msg is not None
+            body = str(msg.WhichOneof("body"))
+            if body == kind:
+                return seen, msg
+            seen.append(body)
+
     def exit_code(self) -> int:
         self._thread.join(10)
         return self.code[0]
@@ -135,3 +147,32 @@ def test_a_load_state_dict_that_raises_is_reported_as_load_state_dict_not_as_set
     assert failed.reason == (f"load_state_dict() raised KeyError: 'weights' (restoring {w.checkpoint}; "
                              "move it away to start the task from scratch)")
     assert failed.retryable and w.exit_code() == 1
+
+
+# -- a full disk: the checkpoint waits, the task does not fail ---------------------------------------
+def test_a_checkpoint_on_a_full_disk_waits_holding_no_window_and_is_written_once_space_is_freed(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk", 1 << 20) as mount:
+        w = InProcessWorker(mount, "Counter")  # its window word and checkpoint on the small disk
+        filler = mount / "filler"
+        fill(filler)
+        w.start()
+        w.next("ready")
+        w.writer.grant(1, time.monotonic_ns() + 20_000_000)  # steps for 20 ms, then the periodic checkpoint
+        seen, waiting = w.until("waiting")
+        assert "failed" not in seen and waiting.waiting.waiting  # no failure: the worker (and its state) lives on
+        reason = waiting.waiting.reason
+        assert reason.startswith(f"disk full: its checkpoint cannot be written to {mount} (No space left on device)")
+        assert not w.checkpoint.with_suffix(".ckpt.tmp").exists()  # the partial file's space went back
+        filler.unlink()  # freeride rm freed space, and the agent asks the waiting worker to try again
+        w.worker._s.control = pb.CONTROL_ACTION_CHECKPOINT
+        w.worker._s.wake()
+        seen, written = w.until("checkpointed")
+        assert "failed" not in seen and written.checkpointed.steps > 0
+        seen, back = w.until("waiting")
+        assert (back.waiting.reason, back.waiting.waiting) == (reason, False)  # the agent schedules it again
+        assert pickle.loads(w.checkpoint.read_bytes())["steps"] == written.checkpointed.steps
+        w.worker._s.control = pb.CONTROL_ACTION_CANCEL
+        w.worker._s.wake()
+        assert w.exit_code() == 0
