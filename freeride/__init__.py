@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from freeride.core.version import __version__
 from freeride.errors import (
+    AgentCallError,
+    AgentNotReadyError,
+    AgentTimeoutError,
     AgentUnavailableError,
     FreerideError,
     InvalidSpecError,
@@ -46,6 +49,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AgentCallError",
+    "AgentNotReadyError",
+    "AgentTimeoutError",
     "AgentUnavailableError",
     "Client",
     "FreerideError",

@@ -1,22 +1,26 @@
 """A small synchronous client for one agent: `freeride.Client`, what the CLI, the benchmarks and tests use.
 
 Answers are the API's protobuf messages (`TaskInfo`, `StatsResponse`, ...; proto/freeride/v1/tasks.proto):
-read their fields as attributes. A refused call raises `grpc.RpcError` with a status code and a one-line
-`details()` (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION); no agent answering is UNAVAILABLE.
+read their fields as attributes. A refused call raises the FreerideError the agent raised, with its one-line
+message: TaskRefError, InvalidSpecError, TaskNotFoundError, InvalidStateError; no agent answering raises
+AgentUnavailableError (AgentTimeoutError past the deadline); anything else AgentCallError with the gRPC code.
+Every call maps them, streams too, once, here (freeride.core.status holds the table, beside the servicers').
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from freeride.core.auth import token_interceptor
 from freeride.core.paths import agent_target, socket_access_problem
-from freeride.errors import AgentUnavailableError
+from freeride.core.status import error_of
+from freeride.errors import AgentNotReadyError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc
 
 # gRPC waits 1 s (then longer) before retrying a connection; an agent that is still starting is
@@ -31,6 +35,22 @@ _CHANNEL_OPTIONS = [
 # Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.refcheck), then for the check
 # itself (up to its --check-timeout-s, at most 40 s): its deadline exceeds both together.
 SUBMIT_TIMEOUT_S = 120.0
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", covariant=True)
+
+
+def _mapped(fn: Callable[Concatenate[Client, P], R]) -> Callable[Concatenate[Client, P], R]:
+    """A call whose gRPC failure is raised as the FreerideError it stands for (freeride.core.status)."""
+    @functools.wraps(fn)
+    def wrapper(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(self, *args, **kwargs)
+        except grpc.RpcError as exc:
+            raise error_of(exc, self.target) from exc
+
+    return wrapper
 
 
 class Client:
@@ -68,15 +88,18 @@ class Client:
             grpc.channel_ready_future(self._raw_channel).result(timeout=timeout_s)
             reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except (grpc.FutureTimeoutError, grpc.RpcError):
-            raise AgentUnavailableError(socket_access_problem(self.target)
-                                        or f"no agent answers at {self.target}") from None
+            denied = socket_access_problem(self.target)
+            raise AgentNotReadyError(denied or f"no agent answers at {self.target}", target=self.target,
+                                     access_problem=denied) from None
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            raise AgentUnavailableError(f"the agent at {self.target} is not serving")
+            raise AgentNotReadyError(f"the agent at {self.target} is not serving", target=self.target)
 
+    @_mapped
     def health(self) -> int:
         """The standard gRPC health status: 1 SERVING, 2 NOT_SERVING (e.g. while the agent stops)."""
         return int(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout_s).status)
 
+    @_mapped
     def submit(self, task: tasks_pb2.TaskSpec | str, /, *, args: Mapping[str, object] | None = None, name: str = "",
                priority: int = 0, mem_limit_bytes: int = 0, max_restarts: int | None = None,
                checkpoint_interval_s: float = 0.0, no_mps: bool = False) -> tasks_pb2.TaskInfo:
@@ -94,31 +117,38 @@ class Client:
         )
         return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=max(self.timeout_s, SUBMIT_TIMEOUT_S))
 
+    @_mapped
     def list(self, states: Sequence[Any] | None = None) -> list[tasks_pb2.TaskInfo]:
         """Every task (or those in `states`: TaskState values or names like "READY"), oldest first."""
         request = tasks_pb2.ListRequest(states=_state_values(states or ()))
         return list(self.tasks.List(request, timeout=self.timeout_s).tasks)
 
+    @_mapped
     def get(self, task_id: str) -> tasks_pb2.TaskInfo:
         """One task: state, reason, counters, progress, ... (NOT_FOUND for an unknown id)."""
         return self.tasks.Get(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
+    @_mapped
     def cancel(self, task_id: str) -> tasks_pb2.TaskInfo:
         """Cancel a task: it checkpoints, then is CANCELLED (the answer may still show it stopping)."""
         return self.tasks.Cancel(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
+    @_mapped
     def pause(self, task_id: str) -> tasks_pb2.TaskInfo:
         """Pause a task: it checkpoints and its worker exits, freeing its memory."""
         return self.tasks.Pause(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
+    @_mapped
     def resume(self, task_id: str) -> tasks_pb2.TaskInfo:
         """Resume a paused task from its checkpoint."""
         return self.tasks.Resume(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
+    @_mapped
     def delete(self, task_id: str) -> tasks_pb2.DeleteResponse:
         """Remove a finished task with its checkpoint and logs (FAILED_PRECONDITION for one not finished)."""
         return self.tasks.Delete(tasks_pb2.TaskRef(id=task_id), timeout=self.timeout_s)
 
+    @_mapped
     def prune(self, older_than_s: float, states: Sequence[Any] = (), dry_run: bool = False
               ) -> tasks_pb2.PruneResponse:
         """Remove the finished tasks (of `states`, values or names like "FAILED"; default all three) last changed
@@ -126,27 +156,29 @@ class Client:
         request = tasks_pb2.PruneRequest(older_than_s=older_than_s, states=_state_values(states), dry_run=dry_run)
         return self.tasks.Prune(request, timeout=self.timeout_s)
 
+    @_mapped
     def stats(self) -> tasks_pb2.StatsResponse:
         """The GPU's totals (bubbles, harvested time, memory, trainer streams) and every task."""
         return self.tasks.Stats(tasks_pb2.StatsRequest(), timeout=self.timeout_s)
 
+    @_mapped
     def timeline(self, since_ns: int = 0) -> tasks_pb2.TimelineResponse:
         """The agent's recent bubbles and windows (with each side-task step), for plotting."""
         return self.tasks.Timeline(tasks_pb2.TimelineRequest(since_ns=since_ns), timeout=self.timeout_s)
 
     def logs(self, task_id: str, follow: bool = False, tail_lines: int = 0) -> LogStream:
         """The task's output in chunks (the first one names the log file): the stored log, its last
-        `tail_lines` lines if given, then with `follow` new output until the task is over; cancel() ends it."""
-        stream: LogStream = self.tasks.Logs(
+        `tail_lines` lines if given, then with `follow` new output until the task is over; cancel() ends it.
+        Errors come while iterating: TaskNotFoundError for an unknown id, AgentUnavailableError, ..."""
+        call = self.tasks.Logs(
             tasks_pb2.LogsRequest(id=task_id, follow=follow, tail_lines=tail_lines),
             timeout=None if follow else max(self.timeout_s, 60.0),
         )
-        return stream
+        return _Stream(call, self.target)
 
     def watch(self) -> EventStream:
-        """Events as they happen, until `cancel()` is called on the returned stream."""
-        stream: EventStream = self.tasks.Watch(tasks_pb2.WatchRequest())
-        return stream
+        """Events as they happen, until `cancel()` is called on the returned stream (the iteration then ends)."""
+        return _Stream(self.tasks.Watch(tasks_pb2.WatchRequest()), self.target)
 
 
 def _state_values(states: Sequence[Any]) -> list[Any]:
@@ -154,20 +186,39 @@ def _state_values(states: Sequence[Any]) -> list[Any]:
     return [tasks_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") if isinstance(s, str) else s for s in states]
 
 
-class EventStream(Protocol):
-    """The agent's event stream: iterate it; cancel() ends it (the iterator then raises CANCELLED)."""
+class _Call(Protocol[M]):
+    """A server-streaming gRPC call, as grpc returns it: iterate it, cancel it."""
 
-    def __iter__(self) -> Iterator[tasks_pb2.AgentEvent]: ...
-    def __next__(self) -> tasks_pb2.AgentEvent: ...
+    def __next__(self) -> M: ...
     def cancel(self) -> bool: ...
 
 
-class LogStream(Protocol):
-    """A task's output: iterate it; cancel() ends it (the iterator then raises CANCELLED)."""
+class _Stream(Generic[M]):
+    """A stream whose failures are raised as FreerideErrors; cancel() (from any thread) ends the iteration."""
 
-    def __iter__(self) -> Iterator[tasks_pb2.LogChunk]: ...
-    def __next__(self) -> tasks_pb2.LogChunk: ...
-    def cancel(self) -> bool: ...
+    def __init__(self, call: _Call[M], target: str) -> None:
+        self._call = call
+        self._target = target
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[M]:
+        return self
+
+    def __next__(self) -> M:
+        try:
+            return next(self._call)
+        except grpc.RpcError as exc:
+            if self._cancelled and exc.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise error_of(exc, self._target) from exc
+
+    def cancel(self) -> bool:
+        self._cancelled = True
+        return self._call.cancel()
+
+
+EventStream = _Stream[tasks_pb2.AgentEvent]  # the agent's events: iterate; cancel() ends the iteration
+LogStream = _Stream[tasks_pb2.LogChunk]  # a task's output: iterate; cancel() ends the iteration
 
 
 AgentClient = Client  # the name it had before it was public

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpc import StatusCode  # a type only: importing the errors imports no gRPC
+
 
 class FreerideError(Exception):
     """Base of every error freeride raises on purpose."""
@@ -24,7 +29,38 @@ class InvalidStateError(FreerideError):
 
 
 class AgentUnavailableError(FreerideError):
-    """No agent answers at the given address."""
+    """No agent answers at the given address: nothing listens there, or the socket keeps this user out.
+
+    Raised by `freeride.Client` for a call that ends UNAVAILABLE. `target` is the address tried,
+    `access_problem` the one line that says the socket's permissions are the cause ("" when they are not:
+    freeride.core.paths.socket_access_problem), `reason` what gRPC said.
+    """
+
+    def __init__(self, message: str, *, target: str = "", access_problem: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.target = target
+        self.access_problem = access_problem
+        self.reason = reason
+
+
+class AgentTimeoutError(AgentUnavailableError):
+    """The agent did not answer a call within its deadline (DEADLINE_EXCEEDED): it is stuck or overloaded."""
+
+
+class AgentNotReadyError(AgentUnavailableError):
+    """`Client.wait_ready` gave up: no agent came up at the address, or it answers but is not serving."""
+
+
+class AgentCallError(FreerideError):
+    """The agent refused or failed a call for a reason outside the other errors: a missing or wrong token
+    (UNAUTHENTICATED), a request over the size limit (RESOURCE_EXHAUSTED), a stream the agent ended
+    (CANCELLED), an internal error. `code` is the gRPC status code (a `grpc.StatusCode`), `details` its message.
+    """
+
+    def __init__(self, message: str, *, code: StatusCode, details: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
 
 
 class Unavailable(Exception):

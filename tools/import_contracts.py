@@ -2,7 +2,7 @@
 
 A name (module or attribute) whose last dotted part starts with one underscore belongs to the package
 that holds it: `freeride.trainer._waits` may be imported by `freeride.trainer.deepspeed`, not by
-`freeride.tooling.demo.report`; `from freeride.cli.commands import _helper` from outside
+`freeride.tooling.demo.report`; `from freeride.cli.tasks import _helper` from outside
 `freeride.cli` breaks it too. Declared in pyproject.toml ([tool.importlinter]) and run by
 `./dev.sh test` with the layer contracts.
 """

@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import psutil
 
+from freeride.errors import FreerideError
 from freeride.tooling.harness import AgentProcess, replay, wait_for
 from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
@@ -140,8 +140,8 @@ def main(argv: list[str]) -> int:
                     t0 = time.monotonic()
                     try:
                         task_id = c.submit(spec).id
-                    except grpc.RpcError as exc:
-                        failures[f"{exc.code().name}: {exc.details()}"[:100]] += 1
+                    except FreerideError as exc:
+                        failures[f"{type(exc).__name__}: {exc}"[:100]] += 1
                         task_id = ""
                     return task_id, time.monotonic() - t0
 

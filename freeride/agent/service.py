@@ -34,19 +34,14 @@ from freeride.agent.ring import RingChannel
 from freeride.agent.trainers import SHM, TrainerStream, take_records
 from freeride.agent.wire import Malformed, reject
 from freeride.core.ring import Record, ring_records
+from freeride.core.status import STATUS, abort_args
 from freeride.core.version import __version__
-from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
+from freeride.errors import InvalidSpecError, InvalidStateError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")
 
 R = TypeVar("R")
-_STATUS = {
-    TaskRefError: grpc.StatusCode.INVALID_ARGUMENT,
-    InvalidSpecError: grpc.StatusCode.INVALID_ARGUMENT,
-    TaskNotFoundError: grpc.StatusCode.NOT_FOUND,
-    InvalidStateError: grpc.StatusCode.FAILED_PRECONDITION,
-}
 
 
 def _status_errors(
@@ -56,8 +51,8 @@ def _status_errors(
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
             return await fn(self, request, context)
-        except tuple(_STATUS) as exc:
-            await context.abort(_STATUS[type(exc)], str(exc))
+        except tuple(STATUS) as exc:  # the table, and its inverse for the client: freeride.core.status
+            await context.abort(*abort_args(exc))
             raise  # unreachable: abort raises
 
     return wrapper

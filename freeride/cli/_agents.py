@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
 from freeride.cli.common import UsageError
 from freeride.client import AgentClient
 from freeride.core.auth import token_from
 from freeride.core.paths import agent_target, default_runtime_dir, file_kind, socket_access_problem
+from freeride.errors import AgentUnavailableError, TaskNotFoundError
 
 T = TypeVar("T")
 _NUMBER = re.compile(r"(\d+)")
@@ -109,11 +108,6 @@ def one(ns: argparse.Namespace) -> AgentClient:
     return client(ns, ns.target)
 
 
-def _unreachable(exc: grpc.RpcError) -> bool:
-    code = exc.code() if hasattr(exc, "code") else None
-    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
 def each(ns: argparse.Namespace, agents: AgentSet, call: Callable[[AgentClient], T]) -> Iterator[tuple[str, T]]:
     """(target, result) per agent. With several agents one that does not answer is skipped with a warning
     (a stale socket of a dead agent); if none answers, that is the error."""
@@ -123,10 +117,10 @@ def each(ns: argparse.Namespace, agents: AgentSet, call: Callable[[AgentClient],
         with client(ns, target) as c:
             try:
                 result = call(c)
-            except grpc.RpcError as exc:
-                if not (agents.multi and _unreachable(exc)):
+            except AgentUnavailableError as exc:
+                if not agents.multi:
                     raise
-                why = socket_access_problem(target) or f"no agent answers at {target}"
+                why = exc.access_problem or f"no agent answers at {target}"
                 print(f"freeride: warning: {why}; skipped", file=sys.stderr)
                 continue
         answered += 1
@@ -167,8 +161,6 @@ def owner(ns: argparse.Namespace, task_id: str) -> AgentClient:
 def _has(c: AgentClient, task_id: str) -> bool:
     try:
         c.get(task_id)
-    except grpc.RpcError as exc:
-        if hasattr(exc, "code") and exc.code() == grpc.StatusCode.NOT_FOUND:
-            return False
-        raise
+    except TaskNotFoundError:
+        return False
     return True

@@ -15,16 +15,15 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-import grpc
-
-from freeride.cli import _agents, commands, manage
+from freeride.cli import _agents, daemon, manage, tasks
 from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
+from freeride.cli import stats as stats_cli
 from freeride.cli import top as top_view
 from freeride.cli import value as value_cli
 from freeride.cli.common import printable, seconds, whole
 from freeride.core.paths import socket_access_problem
-from freeride.errors import FreerideError
+from freeride.errors import AgentNotReadyError, AgentUnavailableError, FreerideError
 
 _AGENT_HINT = "start one with `freeride agent --gpu N --state-dir DIR` (or pass --agent ADDRESS)"
 
@@ -62,8 +61,8 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     a = sub.add_parser("agent", help="run the agent for one GPU (a daemon)")
-    commands.add_agent_args(a)
-    a.set_defaults(func=commands.cmd_agent)
+    daemon.add_agent_args(a)
+    a.set_defaults(func=daemon.cmd_agent)
 
     s = sub.add_parser("submit", help="submit a side task (to every agent with --all or --agent repeated)")
     add_agent_args(s)
@@ -81,17 +80,17 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
                    help="periodic checkpoint interval (default: the agent's --checkpoint-interval-s)")
     s.add_argument("--no-mps", action="store_true",
                    help="run outside MPS, time-sliced: for untrusted tasks (an MPS client's GPU fault reaches all)")
-    s.set_defaults(func=commands.cmd_submit)
+    s.set_defaults(func=tasks.cmd_submit)
 
     ls = sub.add_parser("ls", help="list tasks")
     add_agent_args(ls)
     ls.add_argument("--state", action="append", default=[], help="only tasks in this state (repeatable)")
-    ls.set_defaults(func=commands.cmd_ls)
+    ls.set_defaults(func=tasks.cmd_ls)
 
     show = sub.add_parser("show", help="show one task")
     add_agent_args(show)
     show.add_argument("task_id")
-    show.set_defaults(func=commands.cmd_show)
+    show.set_defaults(func=tasks.cmd_show)
     manage.add_parsers(sub, add_agent_args)  # cancel, pause, resume (several ids, --all), rm, prune
 
     lg = sub.add_parser("logs", help="a task's output and traceback; -f follows it until the task is over")
@@ -100,7 +99,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     lg.set_defaults(func=logs_cli.cmd_logs)
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
-    commands.add_gpu_args(doc)
+    daemon.add_gpu_args(doc)
     doc.add_argument("--gpu", type=whole(0), help="GPU index to check (env FREERIDE_GPU)")
     doc.add_argument("--state-dir", type=Path,
                      help="the agent's state dir (env FREERIDE_STATE_DIR; default ./freeride-state, relative to the "
@@ -110,12 +109,12 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
                      help="warn once the state dir's file system is this full (env FREERIDE_DISK_WARN_PERCENT; "
                           "default 90)")
     doc.add_argument("--json", action="store_true", help="print JSON")
-    doc.set_defaults(func=commands.cmd_doctor)
+    doc.set_defaults(func=daemon.cmd_doctor)
 
     st = sub.add_parser("stats", help="harvested GPU time per task and per GPU, in GPU-hours and what they are worth")
     add_agent_args(st)
     value_cli.add_args(st)
-    st.set_defaults(func=commands.cmd_stats)
+    st.set_defaults(func=stats_cli.cmd_stats)
 
     top = sub.add_parser("top", help="a live view of tasks and GPUs (Ctrl-C to quit)")
     add_agent_args(top)
@@ -128,7 +127,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     add_agent_args(h)
     h.add_argument("--timeout-s", type=seconds(0, above=True), default=5.0, help="give up after this long (default 5)")
     h.add_argument("--wait-s", type=seconds(0), default=0.0, help="first wait up to this long for the agent to come up")
-    h.set_defaults(func=commands.cmd_health)
+    h.set_defaults(func=daemon.cmd_health)
 
     pool = sub.add_parser("pool", help="work pools on Redis: create, status, retry-failed, delete")
     pool_cli.add_parsers(subcommands(pool, "subcommand"))
@@ -146,17 +145,16 @@ def _fail(message: str) -> int:
 def run(func: Callable[[argparse.Namespace], int], ns: argparse.Namespace) -> int:
     try:
         return func(ns)
+    except AgentNotReadyError as exc:  # (health --wait-s) its message says it all
+        return _fail(str(exc))
+    except AgentUnavailableError as exc:
+        if exc.reason.startswith("the agent"):  # the agent's own word on why it cannot answer
+            return _fail(exc.reason)
+        target = getattr(ns, "target", "")
+        denied = socket_access_problem(target) if target else ""
+        return _fail(denied or f"no agent answers at {target or 'the agent address'}: {_AGENT_HINT}")
     except FreerideError as exc:
         return _fail(str(exc))
-    except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not getattr(
-            exc, "details", lambda: ""
-        )().startswith("the agent"):
-            target = getattr(ns, "target", "")
-            denied = socket_access_problem(target) if target else ""
-            return _fail(denied or f"no agent answers at {target or 'the agent address'}: {_AGENT_HINT}")
-        return _fail(exc.details() if hasattr(exc, "details") else str(exc))
     except BrokenPipeError:
         raise  # not an error to report: main() ends quietly
     except OSError as exc:

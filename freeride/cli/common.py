@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,6 +186,11 @@ def table(title: str | None, *columns: str, **options: Any) -> Table:
     for col in columns:
         out.add_column(col)
     return out
+
+
+def progress_text(progress: Mapping[str, float], limit: int | None = None) -> str:
+    """A task's latest progress map (what its progress() returned), compact: 'accuracy=0.91 loss=0.32'."""
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(progress.items())[:limit]) or "-"
 
 
 def absolute_ref(ref: str) -> str:

@@ -13,15 +13,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from freeride.agent.model import TaskState
 from freeride.cli import _agents
 from freeride.cli.common import UsageError, message_dict, print_json, printable
 from freeride.cli.multi import STATE_NAMES
 from freeride.client import AgentClient
 from freeride.core.units import format_duration, format_size, parse_duration
-from freeride.errors import FreerideError
+from freeride.errors import FreerideError, InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 
 _FINISHED_NAMES = sorted(s.value for s in TaskState if s.terminal)  # what rm and prune remove
 # Which tasks `ACTION --all` acts on (by their stored state: a RUNNING task is stored READY).
@@ -31,7 +29,8 @@ _BULK_STATES = {
     "resume": ("PAUSED",),
 }
 _BULK_WORDS = {"cancel": "unfinished", "pause": "live", "resume": "paused"}
-_REFUSED = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
+# The agent's refusals of one task: said per task; anything else (no agent answers) is the command's error.
+_REFUSED = (TaskNotFoundError, InvalidStateError, InvalidSpecError, TaskRefError)
 
 
 def add_parsers(sub: argparse._SubParsersAction, add_agent_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -65,12 +64,6 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except FreerideError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _refusal(exc: grpc.RpcError) -> str | None:
-    """What the agent said when it refused this one task; None for anything else (no agent: the usual error)."""
-    code = exc.code() if hasattr(exc, "code") else None
-    return str(exc.details()) if code in _REFUSED else None
 
 
 # -- cancel / pause / resume ------------------------------------------------------------------------
@@ -144,13 +137,8 @@ def _on_task(ns: argparse.Namespace, target: str | None, task_id: str,
         with _client_for(ns, target, task_id) as c:
             agent = ns.target
             return agent, call(c), None
-    except UsageError as exc:  # (several agents: none or more than one has it)
+    except (UsageError, *_REFUSED) as exc:  # (UsageError: several agents, and none or more than one has it)
         return agent, None, str(exc)
-    except grpc.RpcError as exc:
-        refusal = _refusal(exc)
-        if refusal is None:
-            raise
-        return agent, None, refusal
 
 
 # -- rm ---------------------------------------------------------------------------------------------

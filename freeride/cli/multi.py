@@ -1,4 +1,5 @@
-"""`ls` and `stats` over several agents (a row per agent, and totals), and `submit` to each of them.
+"""`ls` and `stats` over several agents (a row per agent, and totals), and `submit` to each of them; the agents
+a command addresses, for every command (and the tooling's): `one_client`, `each_agent`.
 
 Their `--json` has one shape whatever the number of agents (one agent is a list of one), so that a script
 written against one agent works against many: see docs/operations.md, *The CLI's output*.
@@ -8,21 +9,33 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import grpc
+from typing import Any, TypeVar
 
 from freeride.cli import _agents
 from freeride.cli.common import console, message_dict, print_json, printable, table
 from freeride.cli.value import WORTH_COLUMNS, Pricing, Worth, gpu_hours
-from freeride.core.paths import socket_access_problem
+from freeride.client import AgentClient
 from freeride.core.units import format_seconds
+from freeride.errors import AgentUnavailableError, FreerideError
 from freeride.v1 import tasks_pb2
 
+T = TypeVar("T")
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
 BUBBLE_PATHS = ("shm", "grpc")  # the roads a trainer's edges take (freeride.agent.trainers)
+
+
+def one_client(ns: argparse.Namespace) -> AgentClient:
+    """The client of the single agent the command addresses (--agent, --gpu; sets ns.target)."""
+    return _agents.one(ns)
+
+
+def each_agent(ns: argparse.Namespace, call: Callable[[AgentClient], T]) -> Iterator[tuple[str, T]]:
+    """(target, answer) of every agent the command addresses (--agent, --gpu, repeated --agent, --all); with
+    several, one that does not answer is skipped with a warning."""
+    return _agents.each(ns, _agents.resolve(ns), call)
+
 
 
 def trainer_paths(streams: Iterable[tasks_pb2.TrainerStream]) -> dict[str, int]:
@@ -144,12 +157,10 @@ def _submit_one(ns: argparse.Namespace, target: str, spec: tasks_pb2.TaskSpec) -
     try:
         with _agents.client(ns, target) as c:
             return c.submit(spec)
-    except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return (socket_access_problem(target)
-                    or "no agent answers there: start it with `freeride agent` or leave it out")
-        return str(exc.details()) if hasattr(exc, "details") else str(exc)
+    except AgentUnavailableError as exc:
+        return exc.access_problem or "no agent answers there: start it with `freeride agent` or leave it out"
+    except FreerideError as exc:
+        return str(exc)
 
 
 def cmd_submit(ns: argparse.Namespace, agents: _agents.AgentSet, spec: tasks_pb2.TaskSpec) -> int:

@@ -102,10 +102,10 @@ def _reason(exc: BaseException, secrets: list[str]) -> str:
 @contextmanager
 def _open(text: str) -> Iterator[Pool]:
     """The pool at `text`. Anything wrong, here or in the body, becomes one PoolError line without a password."""
-    import redis
-
     from freeride.pool import Pool, parse_pool_url
+    from freeride.pool.driver import redis_py
 
+    redis = redis_py()  # PoolError, one line, without it
     secrets = secrets_in(text)
     where = "Redis"
     try:

@@ -13,14 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import grpc
-
 from freeride.cli import _agents
-from freeride.cli.commands import progress_text
-from freeride.cli.common import UsageError, console
+from freeride.cli.common import UsageError, console, progress_text
 from freeride.cli.multi import STATE_NAMES, totals, trainer_paths, trainers_text
 from freeride.client import AgentClient
 from freeride.core.units import format_seconds
+from freeride.errors import FreerideError
 from freeride.v1 import tasks_pb2
 
 if TYPE_CHECKING:
@@ -43,7 +41,7 @@ def fetch(clients: list[AgentClient]) -> Frame:
     for c in clients:
         try:
             rows.append((c.target, c.stats()))
-        except grpc.RpcError:
+        except FreerideError:  # no answer (or a refused one): the row says so
             rows.append((c.target, None))
     return Frame(rows, time.time())
 
@@ -97,10 +95,7 @@ class _Wakeups:
         self.changed = threading.Event()
         self._streams = []
         for c in clients:
-            try:
-                stream = c.watch()
-            except grpc.RpcError:
-                continue
+            stream = c.watch()  # (lazy: a failure comes while iterating)
             self._streams.append(stream)
             threading.Thread(target=self._run, args=(stream,), daemon=True).start()
 
@@ -108,7 +103,7 @@ class _Wakeups:
         try:
             for _ in stream:  # type: ignore[attr-defined]
                 self.changed.set()
-        except grpc.RpcError:
+        except FreerideError:
             self.changed.set()  # the agent went away: show it
 
     def close(self) -> None:

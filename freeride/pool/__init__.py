@@ -1,6 +1,7 @@
 """Work pools on Redis Streams: one batch job whose items every agent's workers draw from.
 
-Shared by the pool task (freeride.sdk.pool, in workers) and `freeride pool …` (the CLI).
+Shared by the pool task (freeride.sdk.pool, in workers) and `freeride pool …` (the CLI). redis-py is the
+`pool` extra, imported only when a pool is used (freeride.pool.driver): without it, a one-line PoolError.
 """
 
 from freeride.pool.items import parse_lines, range_items

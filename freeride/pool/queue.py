@@ -26,12 +26,14 @@ import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import redis
+from typing import TYPE_CHECKING, Any
 
 from freeride.errors import PoolError
+from freeride.pool.driver import redis_py
 from freeride.pool.url import PoolUrl
+
+if TYPE_CHECKING:
+    import redis
 
 GROUP = "workers"
 DEFAULT_LEASE_S = 30.0
@@ -300,7 +302,7 @@ class Pool:
 
     def __init__(self, url: PoolUrl, timeout_s: float = 5.0, client: redis.Redis | None = None) -> None:
         self.url = url
-        self._r = client if client is not None else redis.Redis.from_url(
+        self._r = client if client is not None else redis_py().Redis.from_url(
             url.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         base = f"freeride:pool:{{{url.name}}}"
         self.k_items, self.k_ids, self.k_meta = f"{base}:items", f"{base}:ids", f"{base}:meta"
@@ -341,7 +343,7 @@ class Pool:
             raise PoolError(f"need lease_s > 0 and max_tries >= 1, got {lease_s} and {max_tries}")
         try:
             self._r.xgroup_create(self.k_items, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
+        except redis_py().ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
         self._r.hsetnx(self.k_meta, "created_unix", f"{time.time():.3f}")

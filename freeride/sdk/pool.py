@@ -24,15 +24,20 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-import redis
-
 from freeride.errors import PoolError, Unavailable
 from freeride.pool import Lease, Pool, PoolItem, parse_pool_url
+from freeride.pool.driver import redis_py
 from freeride.sdk.task import IterativeTask
 
 log = logging.getLogger(__name__)
 
-_REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+def _redis_down() -> tuple[type[Exception], ...]:
+    """What redis-py raises while Redis does not answer (imported by then: the pool is in use)."""
+    redis = redis_py()
+    return (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
 _FILL = 0.8  # share of the window's remaining time a step may plan to use
 # A lease takes about this much work (by the measured time per item), and the batch is acknowledged in one
 # round trip when it is used up, or at the end of a step this long after the last acknowledgement: a round
@@ -61,6 +66,7 @@ class PoolTask(IterativeTask):
     retry_max_s = 30.0
 
     def __init__(self, pool: str) -> None:
+        redis_py()  # imported here, outside any step (~0.1 s: inside the first one it would count as step time)
         self.pool_url = parse_pool_url(pool)
         self.items_done = 0
         self.items_failed = 0
@@ -100,7 +106,7 @@ class PoolTask(IterativeTask):
                 pool.require()
         except PoolError as exc:
             raise ValueError(str(exc)) from None
-        except redis.RedisError as exc:
+        except redis_py().RedisError as exc:
             raise ValueError(f"Redis at {parse_pool_url(raw)} does not answer ({type(exc).__name__}: {exc}); "
                              "check the URL and that Redis runs") from None
 
@@ -118,11 +124,11 @@ class PoolTask(IterativeTask):
     def step(self) -> None:
         try:
             self._step()
-        except _REDIS_DOWN as exc:
+        except _redis_down() as exc:
             raise Unavailable(f"Redis at {self.pool_url.safe_redis_url} does not answer ({type(exc).__name__}); "
                               "the task resumes when it does", retry_s=self.retry_s,
                               max_retry_s=self.retry_max_s) from None
-        except redis.ResponseError as exc:
+        except redis_py().ResponseError as exc:
             if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
                 raise PoolError(f"pool {self.pool_url} was deleted while this task ran") from None
             raise
@@ -153,7 +159,7 @@ class PoolTask(IterativeTask):
                 self._unacked_busy_s += took
                 try:
                     self._failed(pool, lease, exc)
-                except _REDIS_DOWN:
+                except _redis_down():
                     self._leases.appendleft(lease)  # not recorded: processed (and failed) again once Redis is back
                     raise
             else:
@@ -273,7 +279,7 @@ class PoolTask(IterativeTask):
         pool = self._connect()
         try:
             pool.ping()
-        except _REDIS_DOWN:
+        except _redis_down():
             return False  # still down: what the wait is for, not an error to log with its traceback
         self._flush()
         if self._leases:
@@ -291,7 +297,7 @@ class PoolTask(IterativeTask):
             self._flush()
             self._pool.release(self._leases)
             self._leases.clear()
-        except redis.RedisError as exc:  # Redis down: the leases come back to others after the lease time
+        except redis_py().RedisError as exc:  # Redis down: the leases come back to others after the lease time
             log.warning("could not give back %d leased items (%s); others take them after the lease time",
                         len(self._leases), exc)
         finally:

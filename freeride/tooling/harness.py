@@ -14,11 +14,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-import grpc
-
 from freeride.client import AgentClient
 from freeride.core.stats import percentile
-from freeride.errors import AgentUnavailableError
+from freeride.errors import AgentNotReadyError, AgentUnavailableError, FreerideError
 from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
@@ -65,7 +63,7 @@ class AgentProcess:
                 c.wait_ready(timeout_s)
             except AgentUnavailableError:
                 code = self.proc.poll()
-                raise AgentUnavailableError(
+                raise AgentNotReadyError(
                     f"agent did not come up (exit code {code}); log: {self.log_path}\n{self.log_tail()}"
                 ) from None
         return self
@@ -121,9 +119,6 @@ def wait_for(
             found = on_event(ev)
             if found is not None:
                 return found
-    except grpc.RpcError as exc:
-        if exc.code() != grpc.StatusCode.CANCELLED:
-            raise
     finally:
         timer.cancel()
         events.cancel()
@@ -197,8 +192,8 @@ class WindowCollector:
                     with self._cond:
                         self.windows.append(ev.window)
                         self._cond.notify_all()
-        except grpc.RpcError:
-            pass  # cancelled by close()
+        except FreerideError:
+            pass  # the agent went away (close() ends the stream quietly)
 
     def wait_for(self, count: int, timeout_s: float) -> bool:
         """Block until at least `count` windows were accounted; False on timeout."""

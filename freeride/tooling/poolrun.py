@@ -14,12 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from freeride.client import AgentClient
 from freeride.pool import Pool, PoolItem, PoolStatus, parse_pool_url
+from freeride.pool.driver import redis_py
 from freeride.tooling.harness import (
     AgentProcess,
     replay,
@@ -116,6 +113,10 @@ class PoolRun:
         self.exit_codes: dict[int, int] = {}
         pool_url = parse_pool_url(url)
         # One retry on a broken connection: the run's own view of the pool outlives a restart of Redis.
+        redis = redis_py()  # (the pool extra: PoolError without it)
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         self.pool = Pool(pool_url, client=redis.Redis.from_url(pool_url.redis_url, socket_timeout=10.0,
                                                                  retry=Retry(NoBackoff(), 1)))
         self._loops: list[BubbleLoop | None] = [None] * agents

@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from freeride.cli.commands import one_client
 from freeride.cli.common import UsageError, print_json
+from freeride.cli.multi import one_client
 from freeride.tooling import plot
 
 

@@ -17,12 +17,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import psutil
 import pytest
 from conftest import BackgroundTrainer
 from fault_support import assert_all_reaped, assert_no_tracebacks, durable, ref, tagged_agent
 
+from freeride.errors import InvalidStateError
 from freeride.tooling.harness import WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2
 
@@ -101,10 +101,9 @@ def test_a_full_disk_keeps_bubbles_served_refuses_submissions_and_loses_nothing_
             fill_disk(agent.proc.pid, full=True)
             full_from = len(windows.windows)
             assert windows.wait_for(full_from + 30, 30)  # bubbles are still served while nothing can be written
-            with pytest.raises(grpc.RpcError) as err:
+            with pytest.raises(InvalidStateError) as err:  # (FAILED_PRECONDITION on the wire)
                 c.submit(S.TaskSpec(ref=ref("behaviours", "Counter")))
-            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "state database cannot be written" in err.value.details()
+            assert "state database cannot be written" in str(err.value)
             during = c.stats()
             ledger, _ = durable(agent.state_dir)
             assert ledger.windows < during.gpu.windows  # the disk really refused the ledger...

@@ -71,11 +71,10 @@ def _pool_url(redis_url: str, name: str) -> str:
 
 def _redis_info(url: str, section: str) -> dict[str, Any]:
     """One section of the Redis server's INFO."""
-    import redis
-
     from freeride.pool import parse_pool_url
+    from freeride.pool.driver import redis_py
 
-    with redis.Redis.from_url(parse_pool_url(url).redis_url, socket_timeout=5.0) as r:
+    with redis_py().Redis.from_url(parse_pool_url(url).redis_url, socket_timeout=5.0) as r:
         return dict(r.info(section))
 
 

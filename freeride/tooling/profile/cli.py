@@ -10,8 +10,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from freeride.cli.commands import each_agent
 from freeride.cli.common import UsageError, print_json
+from freeride.cli.multi import each_agent
 from freeride.tooling.profile import analysis, recording, render
 from freeride.tooling.whatif import StepSource
 

@@ -1,4 +1,4 @@
-"""The CLI's subcommands: parse, call the agent, print a table or JSON."""
+"""The daemon's commands: `agent` runs it, `doctor` checks what it needs, `health` probes a running one."""
 
 from __future__ import annotations
 
@@ -7,40 +7,16 @@ import asyncio
 import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
 
 from grpc_health.v1 import health_pb2
 
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
-from freeride.cli import _agents, multi
-from freeride.cli.common import (
-    UsageError,
-    absolute_ref,
-    console,
-    message_dict,
-    number,
-    print_json,
-    printable,
-    table,
-    whole,
-)
-from freeride.cli.multi import STATE_NAMES
-from freeride.cli.value import WORTH_COLUMNS, Pricing, Worth, gpu_hours
-from freeride.client import AgentClient
-from freeride.core.secrets import mask
-from freeride.core.units import format_seconds, format_size, parse_size
-from freeride.v1 import tasks_pb2
-
-T = TypeVar("T")
-
-if TYPE_CHECKING:
-    from rich.table import Table
+from freeride.cli.common import number, print_json, printable, whole
+from freeride.cli.multi import one_client
+from freeride.core.units import format_size, parse_size
 
 
-# -- agent ----------------------------------------------------------------------------------------
 def add_agent_args(p: argparse.ArgumentParser) -> None:
     d = AgentConfig()
     p.add_argument("--gpu", type=whole(), help=f"GPU index this agent serves (env FREERIDE_GPU, default {d.gpu})")
@@ -204,112 +180,6 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
     return 1 if failed(checks) else 0
 
 
-# -- client commands ------------------------------------------------------------------------------
-def one_client(ns: argparse.Namespace) -> AgentClient:
-    return _agents.one(ns)
-
-
-def each_agent(ns: argparse.Namespace, call: Callable[[AgentClient], T]) -> Iterator[tuple[str, T]]:
-    """(target, answer) of every agent the command addresses (--agent, --gpu, repeated --agent, --all); with
-    several, one that does not answer is skipped with a warning."""
-    return _agents.each(ns, _agents.resolve(ns), call)
-
-
-def task_args(pairs: Iterable[str]) -> dict[str, str]:
-    """`key=value` words as the task's arguments; a word without `=` or a key given twice is a usage error."""
-    args: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"task argument {pair!r} must be key=value")
-        if key in args:
-            raise UsageError(f"task argument {key!r} is given twice ({key}={args[key]}, {pair}); give it once")
-        args[key] = value
-    return args
-
-
-def mem_cap_bytes(text: str) -> int:
-    """--mem as bytes; left out ("") is 0 on the wire: the task's own cap. `--mem 0` is refused, not read
-    as "no cap": a task that declares a cap keeps it."""
-    if not text:
-        return 0
-    mem = parse_size(text)
-    if mem <= 0:
-        raise UsageError(f"--mem {text} is no memory cap: give a size like 4GiB, or leave --mem out for the "
-                         "task's own cap")
-    return mem
-
-
-def cmd_submit(ns: argparse.Namespace) -> int:
-    spec = tasks_pb2.TaskSpec(
-        name=ns.name, ref=absolute_ref(ns.ref), args=task_args(ns.args), priority=ns.priority,
-        mem_limit_bytes=mem_cap_bytes(ns.mem), max_restarts=ns.max_restarts,
-        checkpoint_interval_s=ns.checkpoint_interval, no_mps=ns.no_mps,
-    )
-    agents = _agents.resolve(ns)
-    if agents.multi or ns.json:
-        return multi.cmd_submit(ns, agents, spec)
-    with one_client(ns) as c:
-        info = c.submit(spec)
-    print(printable(f"submitted task {info.id} ({info.spec.name}): {STATE_NAMES[info.state]}"))
-    return 0
-
-
-def cmd_ls(ns: argparse.Namespace) -> int:
-    states = []
-    known = sorted(set(STATE_NAMES.values()) - {"UNSPECIFIED"})
-    for name in ns.state:
-        if name.upper() not in known:
-            raise UsageError(f"unknown state {name!r}; one of {', '.join(known)}")
-        states.append(tasks_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}"))
-    agents = _agents.resolve(ns)
-    if agents.multi or ns.json:
-        return multi.cmd_ls(ns, agents, states)
-    with one_client(ns) as c:
-        tasks = c.list(states)
-    out = table(f"tasks on {ns.target}",
-                "id", "name", "state", "prio", "steps", "harvested", "progress", "restarts", "reason")
-    for t in tasks:
-        out.add_row(
-            t.id, t.spec.name, STATE_NAMES[t.state], str(t.spec.priority), str(t.counters.steps),
-            format_seconds(t.counters.harvested_s), progress_text(t.progress), str(t.restarts), t.reason,
-        )
-    console().print(out)
-    return 0
-
-
-def cmd_show(ns: argparse.Namespace) -> int:
-    with _agents.owner(ns, ns.task_id) as c:
-        info = c.get(ns.task_id)
-    if ns.json:
-        print_json({**message_dict(info), "agent": ns.target})
-        return 0
-    cnt = info.counters
-    rows = [
-        ("id", info.id), ("name", info.spec.name), ("task", info.spec.ref), ("kind", info.kind),
-        ("args", mask(" ".join(f"{k}={v}" for k, v in sorted(info.spec.args.items()))) or "-"),
-        ("state", STATE_NAMES[info.state]), ("reason", info.reason or "-"),
-        ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
-        ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps
-                                                         else "MPS client when the agent runs MPS"),
-        ("restarts", str(info.restarts)), ("pid", str(info.pid or "-")),
-        ("log", f"{info.log_path} (freeride logs {info.id})" if info.log_path else "-"),
-        ("steps", str(cnt.steps)), ("harvested", format_seconds(cnt.harvested_s)),
-        ("overruns", f"{cnt.overrun_steps} steps, {format_seconds(cnt.overrun_s)}"),
-        ("windows", str(cnt.windows)), ("killed steps", str(cnt.killed_steps)),
-        ("step estimate (p95)", format_seconds(cnt.step_estimate_s)),
-        ("peak memory", format_size(cnt.peak_memory_bytes)),
-        ("checkpoint", f"at step {info.checkpoint_steps}" if info.checkpoint_steps else "-"),
-        ("submitted", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created_unix_s))),
-    ]
-    rows += [(f"progress.{k}", f"{v:g}") for k, v in sorted(info.progress.items())]
-    out = table(None, "", "", show_header=False)
-    out.columns[0].style = "bold"
-    for k, v in rows:
-        out.add_row(k, v)
-    console().print(out)
-    return 0
-
 
 def cmd_health(ns: argparse.Namespace) -> int:
     """The standard gRPC health check, as a command: 0 SERVING, 1 anything else, 2 no agent answers."""
@@ -324,73 +194,3 @@ def cmd_health(ns: argparse.Namespace) -> int:
         print(f"{ns.target}: {status}")
     return 0 if status == "SERVING" else 1
 
-
-def cmd_stats(ns: argparse.Namespace) -> int:
-    pricing = Pricing.from_args(ns)
-    agents = _agents.resolve(ns)
-    if agents.multi or ns.json:
-        return multi.cmd_stats(ns, agents, pricing)
-    with one_client(ns) as c:
-        stats = c.stats()
-    g = stats.gpu
-    con = console()
-    gt = table(f"GPU {g.gpu} ({ns.target}), up {format_seconds(g.uptime_s)}, {g.trainers} trainer stream(s)",
-               "bubbles", "bubble time", "harvested", "efficiency", "steps", "overruns", "prediction error p50")
-    gt.add_row(
-        str(g.bubbles), format_seconds(g.bubble_s), format_seconds(g.harvested_s),
-        f"{g.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-", str(g.steps),
-        f"{g.overrun_steps} ({format_seconds(g.overrun_s)})", f"{g.prediction_error_p50:.1%}",
-    )
-    con.print(gt)
-    con.print(_memory_table(g.memory))
-    if g.trainer_streams:
-        con.print(_trainers_table(g.trainer_streams))
-    worth = Worth.of(g.harvested_s, g.training_s, pricing)
-    wt = table("harvest in GPU-hours", *WORTH_COLUMNS)
-    wt.add_row(*worth.cells())
-    con.print(wt)
-    tt = table("tasks", "id", "name", "state", "steps", "harvested", "GPU-h", "share of bubbles", "overruns",
-               "step p95", "memory", "progress")
-    for t in stats.tasks:
-        cnt = t.counters
-        tt.add_row(
-            t.id, t.spec.name, STATE_NAMES[t.state], str(cnt.steps), format_seconds(cnt.harvested_s),
-            gpu_hours(cnt.harvested_s / 3600), f"{cnt.harvested_s / g.bubble_s:.1%}" if g.bubble_s else "-",
-            f"{cnt.overrun_steps} ({format_seconds(cnt.overrun_s)})", format_seconds(cnt.step_estimate_s),
-            f"{format_size(t.memory_bytes)} / {format_size(t.spec.mem_limit_bytes)}",
-            progress_text(t.progress),
-        )
-    con.print(tt)
-    for line in worth.notes():
-        con.print(line, highlight=False)
-    return 0
-
-
-def _trainers_table(streams: Iterable[tasks_pb2.TrainerStream]) -> Table:
-    """One row per open trainer stream: the road its edges take (shm: the same-host ring) and what came."""
-    t = table("trainers", "rank", "stage", "pid", "path", "edges", "rejected", "dropped", "peer")
-    for s in sorted(streams, key=lambda s: (s.rank, s.stage, s.pid, s.peer)):
-        peer = "this host" if s.peer.startswith("unix:") else s.peer  # a unix socket's peer has no address
-        t.add_row(str(s.rank), str(s.stage), str(s.pid or "?"), s.path, str(s.edges), str(s.rejected),
-                  str(s.dropped), peer)
-    return t
-
-
-def _memory_table(m: tasks_pb2.GpuMemory) -> Table:
-    where = f"{m.name} ({m.uuid}), compute mode {m.compute_mode}" if m.mode != "cpu" else "CPU mode: resident memory"
-    t = table(f"memory: {where}, MPS {m.mps or 'off'}" + (" [fake GPU]" if m.mode == "fake" else ""),
-              "total", "used", "free", "trainer & others", "trainer peak", "side tasks (now / reserved)",
-              "usable for side tasks", "waiting")
-    t.add_row(
-        format_size(m.total_bytes), format_size(m.used_bytes), format_size(m.free_bytes),
-        format_size(m.others_used_bytes), format_size(m.trainer_peak_bytes),
-        f"{format_size(m.side_tasks_used_bytes)} / {format_size(m.side_tasks_reserved_bytes)}",
-        "unbounded" if m.usable_bytes < 0 else format_size(m.usable_bytes) if m.usable_bytes else "0",
-        str(m.waiting_tasks),
-    )
-    return t
-
-
-def progress_text(progress: Mapping[str, float], limit: int | None = None) -> str:
-    """A task's latest progress map (what its progress() returned), compact: 'accuracy=0.91 loss=0.32'."""
-    return " ".join(f"{k}={v:.4g}" for k, v in sorted(progress.items())[:limit]) or "-"
