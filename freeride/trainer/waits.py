@@ -63,6 +63,10 @@ class WaitTracker:
     _open_ns: dict[int, int] = field(default_factory=dict)  # slot -> when its open bubble started
     _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _free_bytes: int = 0
+    _direct: bool = False  # the clock is inline with no sync: wait edges are stamped here, with no _Edge made
+
+    def __post_init__(self) -> None:
+        self._direct = bool(getattr(self.clock, "direct", False))
 
     @property
     def edge_mode(self) -> str:
@@ -108,13 +112,18 @@ class WaitTracker:
         # A wait that was too short to harvest last iteration is not reported (it keeps its slot
         # number): a side task could not use it, and every edge costs the agent some CPU.
         report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
-        # START once the GPU has finished what was queued before the wait
-        self.clock.edge(_Edge(self, slot, kind, report, self._free_bytes, True).stamp)
+        if self._direct:  # a CPU stage: the edge's time is now (as InlineClock would stamp it, one call less)
+            self._started(slot, kind, report, self._free_bytes, time.monotonic_ns())
+        else:  # START once the GPU has finished what was queued before the wait
+            self.clock.edge(_Edge(self, slot, kind, report, self._free_bytes, True).stamp)
         return slot, kind, report
 
     def end_wait(self, token: tuple[int, int, bool]) -> None:
         slot, kind, report = token
-        self.clock.edge(_Edge(self, slot, kind, report, 0, False).stamp)  # END once the received data has landed
+        if self._direct:
+            self._ended(slot, kind, report, time.monotonic_ns())
+        else:
+            self.clock.edge(_Edge(self, slot, kind, report, 0, False).stamp)  # END once the received data has landed
 
     def _started(self, slot: int, kind: int, report: bool, free_bytes: int, now: int) -> None:
         self._open_ns[slot] = now
