@@ -106,6 +106,15 @@ def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts(flag: st
         f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
 
 
+def test_a_trainer_cpu_the_bench_may_not_use_is_one_line_before_anything_starts() -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "trainer", "--framework", "deepspeed",
+                          "--cpus", "4096"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"freeride: error: bench trainer: --cpus 4096: CPU 4096 is not among this machine's CPUs "
+        f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
+
+
 def test_asking_for_shm_where_the_agent_offers_no_ring_fails_instead_of_measuring_grpc() -> None:
     with AgentProcess(extra_args=["--bubble-path", "grpc"]) as agent, pytest.raises(FreerideError, match="--path shm"):
         paths.connect("control", agent.target, "shm")
