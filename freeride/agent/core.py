@@ -85,6 +85,10 @@ class Agent:
         # knows the schedule of the bubbles still in the history (bounded: the oldest rank is forgotten).
         self.declared: OrderedDict[int, TrainerDeclaration] = OrderedDict()
         self._ranks = RankClaims()  # which of them reports each rank
+        # Whether the trainers' rings wake the agent per edge: only while the edges can lead to a grant (a task
+        # could take a window or holds one) or to an admission (a task waits for the trainer's free memory).
+        # Else the agent is quiet: the edges wait in the rings for the profile (see freeride.agent.ring).
+        self.listening = False
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()
         self.training = TrainingTime(clock)  # time with a trainer stream open, into the ledger
@@ -98,6 +102,7 @@ class Agent:
             on_account=self._on_account,
             on_hang=lambda task_id, window_id: self.supervisor.hang(task_id, window_id),
             on_fit=lambda task_id, estimate_ns, longest_ns: self.supervisor.fit(task_id, estimate_ns, longest_ns),
+            on_demand=lambda wanted: self._listen(wanted or self._admission_waits()),
         )
         self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
                            lambda: dataclasses.replace(self.training.fold(self.scheduler.gpu)))
@@ -113,7 +118,31 @@ class Agent:
         # asyncio's clock is time.monotonic, the same CLOCK_MONOTONIC the trainer stamps events with.
         return self._loop.call_at(when_ns / 1e9, fn)
 
+    def _listen(self, wanted: bool) -> None:
+        """Wake per edge from now (True) or be quiet (False); each ring reads what it holds on the way."""
+        if wanted == self.listening:
+            return
+        self.listening = wanted
+        for stream in list(self.streams):
+            if stream.listen is not None:
+                stream.listen(wanted)
+
+    def _read_rings(self) -> None:
+        """Take what the trainers wrote and the agent has not read yet (a quiet agent reads late)."""
+        for stream in list(self.streams):
+            if stream.take is not None:
+                stream.take()
+
+    def _admission_waits(self) -> bool:
+        """A task waits for memory or a worker slot: the trainer's free-memory hint (START edges) may admit it."""
+        return self.table.waiting_count() > 0
+
+    def _relisten(self) -> None:
+        self._listen(self.scheduler.wants_edges or self._admission_waits())
+
     def _changed(self, rec: TaskRecord, change: Change) -> None:
+        if (self.scheduler.wants_edges or self._admission_waits()) != self.listening:
+            self._loop.call_soon(self._relisten)  # next turn: reading the rings here would nest in a state change
         if change is Change.STATE:
             self.store.write(rec.id)
             if self.task_logs is not None:
@@ -256,9 +285,7 @@ class Agent:
         return str(self.task_logs.path(task_id).absolute()) if self.task_logs is not None else ""
 
     def stats(self) -> Stats:
-        for stream in self.streams:  # edges written before the call count in its answer
-            if stream.take is not None:
-                stream.take()
+        self._read_rings()  # edges written before the call count in its answer
         s, g = self.scheduler, self.training.fold(self.scheduler.gpu)
         memory = self.memory.telemetry([w.pid for w in self.table.workers()], s.trainer_free_memory_bytes,
                                        self.table.reserved_bytes, self.table.waiting_count())
@@ -269,13 +296,14 @@ class Agent:
             prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=self.clock() - self.started_ns,
             dropped_events=self.events.dropped, rejected_events=self.rejected_events,
             trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
-            trainer_streams=tuple(dataclasses.replace(t, take=None) for t in self.streams),
+            trainer_streams=tuple(dataclasses.replace(t, take=None, listen=None) for t in self.streams),
             event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
             event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
         )
         return Stats(gpu, [self.info(r) for r in self.table.records.values()])
 
     def history(self, since_ns: int) -> History:
+        self._read_rings()  # the bubbles written before the call are in its answer
         bubbles, windows = self.scheduler.history(since_ns)
         named = {share.task_id for w in windows for share in w.shares}
         tasks = [self.info(self.table.records[i]) for i in sorted(named) if i in self.table.records]

@@ -6,6 +6,11 @@ and a random key over its gRPC stream, connects, sends the key and receives both
 (SCM_RIGHTS: an eventfd cannot be opened by path). From then on its edges arrive through
 `loop.add_reader` on the eventfd: no thread, no polling. The files carry the agent socket's
 permissions and are removed when the stream ends.
+
+A channel is `quiet` while the agent has nothing to grant: it then waits without asking for a
+wake-up per edge (freeride.core.ring), and reads what the trainer wrote when it is woken anyway
+(the half-full wake-up), when `pump` is called (a Stats call), or when `listen` ends the quiet (a
+task became schedulable): from then on each edge wakes it again.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class RingChannel:
         self.socket_path = stem.with_suffix(".sock")
         self.key = os.urandom(KEY_BYTES)
         self.attached = False
+        self.quiet = False  # waiting without a wake-up per edge (set by `listen`)
         self.refused = 0  # handshake connections with a wrong key
         self._reader: RingReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,8 +176,13 @@ class RingChannel:
         self.reader.awake()
         self.pump()
 
+    def listen(self, wanted: bool) -> None:
+        """Ask for a wake-up per edge (True), or be quiet (False); what is already written is read now."""
+        self.quiet = not wanted
+        self.pump()
+
     def pump(self) -> None:
-        """Take and deliver what the trainer has written; then wait for its next wake-up."""
+        """Take and deliver what the trainer has written; then wait for its next wake-up (or be quiet)."""
         if not self.attached:  # closed while this turn waited in the loop
             return
         reader = self.reader
@@ -182,6 +193,9 @@ class RingChannel:
             if len(batch) == _BATCH:
                 assert self._loop is not None
                 self._loop.call_soon(self.pump)  # awake still: the trainer need not wake us
+                return
+            if self.quiet:
+                reader.quiet()
                 return
             if reader.sleep():
                 return

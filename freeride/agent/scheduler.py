@@ -117,6 +117,7 @@ class Scheduler:
         on_account: Callable[[WindowRecord, dict[str, Counters], Counters], None],
         on_hang: Callable[[str, int], None],
         on_fit: Callable[[str, int, int], None] | None = None,
+        on_demand: Callable[[bool], None] | None = None,
     ) -> None:
         self._clock = clock
         self._call_at = call_at
@@ -126,6 +127,10 @@ class Scheduler:
         # (task id, its step estimate, the longest bubble seen) when its steps fit no bubble; (task id, 0, 0) when
         # it is granted a window it fits again
         self._on_fit = on_fit or (lambda task_id, estimate_ns, longest_ns: None)
+        # Told when `wants_edges` is about to change, before it does: the agent reads what its trainers wrote
+        # under the old answer, then asks for a wake-up per edge (True) or lets edges wait unannounced (False).
+        self._on_demand = on_demand or (lambda wanted: None)
+        self.wants_edges = False  # a task could take a window, or holds one: each edge matters as it comes
         self.longest_bubble_ns = 0  # the longest bubble seen since the agent started
         self.margin = MarginController(config.margin_ns)
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
@@ -152,7 +157,8 @@ class Scheduler:
     def on_bubble(self, ev: Edge) -> None:
         self.gpu.events += 1
         now = self._clock()
-        self.event_delays_ns.append(now - ev.time_ns)
+        if self.wants_edges:  # else it was read late on purpose (see wants_edges): no delay to learn from
+            self.event_delays_ns.append(now - ev.time_ns)
         if not ev.harvestable:
             return  # optimizer and data loading may use the GPU: reported, never harvested
         if ev.start:
@@ -224,6 +230,17 @@ class Scheduler:
         bubble = self._bubbles.pop(rank, None)
         if bubble is not None and bubble.window is not None:
             self._close(bubble.window, end_ns=0)
+
+    # -- demand ----------------------------------------------------------------------------------
+    def _update_demand(self) -> None:
+        """Recompute `wants_edges` after a task came, went, stopped or gave a window back.
+
+        Edges are wanted while some task could be granted a window, or holds one (its END revokes it);
+        otherwise they only feed the profile (bubble lengths, predictions), which may read them late."""
+        wanted = any(not (t.stopping or t.checkpointing) or t.window_id for t in self.tasks.values())
+        if wanted != self.wants_edges:
+            self._on_demand(wanted)
+            self.wants_edges = wanted
 
     # -- windows ---------------------------------------------------------------------------------
     def _candidates(self) -> list[Candidate]:
@@ -312,6 +329,7 @@ class Scheduler:
         w = self._current
         if w is not None and w.open and not w.holder:
             self._dispatch(w)
+        self._update_demand()
 
     def stop_granting(self, task_id: str) -> None:
         """The task's worker was asked to checkpoint and exit (pause, cancel, shutdown): no new window for it.
@@ -323,6 +341,7 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None:
             task.stopping = True
+            self._update_demand()
 
     def checkpointing(self, task_id: str, active: bool) -> None:
         """The task's worker began (or ended) a checkpoint: no step, so no new window and no hang timer meanwhile.
@@ -340,6 +359,7 @@ class Scheduler:
             if task.hang_timer is not None:
                 task.hang_timer.cancel()
                 task.hang_timer = None
+            self._update_demand()
             return
         w = self._windows.get(task.window_id)
         if w is not None and w.holder == task_id and not w.open and task.hang_timer is None:
@@ -347,6 +367,7 @@ class Scheduler:
         current = self._current
         if current is not None and current.open and not current.holder:
             self._dispatch(current)
+        self._update_demand()
 
     def remove_task(self, task_id: str) -> None:
         """The task's worker is gone: release whatever window it held."""
@@ -362,6 +383,7 @@ class Scheduler:
                 self._dispatch(w)
             else:
                 self._maybe_account(w)
+        self._update_demand()
 
     def on_steps(self, task_id: str, report: Steps) -> None:
         w = self._windows.get(report.window_id)
@@ -383,8 +405,12 @@ class Scheduler:
         if done.step_estimate_ns > 0:
             task.step_estimate_ns = done.step_estimate_ns
         w = self._windows.get(done.window_id)
-        if w is None:
-            return
+        if w is not None:
+            self._window_done(task_id, done, w)
+        if task.stopping or task.checkpointing:  # it gave back the last window it may hold
+            self._update_demand()
+
+    def _window_done(self, task_id: str, done: WindowDone, w: Window) -> None:
         for share in reversed(w.shares):
             if share.task_id == task_id:
                 share.idle_since_ns = done.idle_since_ns

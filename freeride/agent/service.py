@@ -235,7 +235,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
                     stream.edges += 1
                     agent.on_bubble(edge_from_pb(ev))
         finally:  # no await in here: a dead peer's call is cancelled, and a cancelled await ends the clean-up
-            stream.take = None
+            stream.take = stream.listen = None
             try:
                 if ring is not None:
                     ring.close()  # takes the edges written before the trainer went
@@ -267,8 +267,9 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
 
         def fetched() -> None:
             stream.path = SHM
+            ring.quiet = not agent.listening  # quiet while no edge can lead to a grant (Agent.listening)
             ring.start(deliver)
-            stream.take = ring.pump
+            stream.take, stream.listen = ring.pump, ring.listen
             agent.trainer_moved(stream)
             log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
 

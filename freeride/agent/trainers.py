@@ -42,6 +42,8 @@ class TrainerStream:
     # Takes what the trainer has written and the agent not yet read (its ring's records), so that an
     # answer to Stats is current as of the call; None on the gRPC road, where nothing waits unread here.
     take: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    # Asks the ring for a wake-up per edge (True) or lets it be quiet (False); None on the gRPC road.
+    listen: Callable[[bool], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:

@@ -15,8 +15,12 @@ newest record proves it, so a scribbler can cost edges (counted) but never stall
 nothing blocks in the hook: a full ring drops the edge and counts it in the header.
 
 Wake-ups go through an eventfd the agent hands over (see `freeride.agent.ring`). The agent
-marks in `sleep` an odd generation while it waits (even while it is awake and reading); the
-trainer writes the eventfd after an edge only if the word is odd. Seen even, the agent looked
+marks in `sleep` an odd generation while it waits for edges (even while it is awake and reading,
+or quiet); the trainer writes the eventfd after an edge only if the word is odd, or if the edge
+found half the ring unread. Quiet is for an agent with nothing to grant (no task could use a
+bubble): it leaves the word even while it waits, so edges go into the ring for the profile and
+wake nobody; it reads them when it wakes for another reason (a task becomes schedulable, a
+Stats call) or when the half-full wake-up comes, well before the ring could drop one. Seen even, the agent looked
 awake, but that read may have passed the trainer's own record on its way out (x86 lets a load
 overtake an earlier store), and the agent, just going to sleep, may have missed the record in
 turn: so the trainer puts a locked instruction (an uncontended lock's acquire and release: a
@@ -109,6 +113,7 @@ class RingWriter:
         self._words = _words(mm)
         self._records = self._words[W_RECORDS]
         self._mask = self._records - 1
+        self._half = self._records // 2  # an edge that finds this many unread wakes the agent, quiet or not
         self.wake_fd = wake_fd
         self._fence = threading.Lock()  # never contended: one producer per ring
         self._always_wake = not ORDERED_FENCE
@@ -124,7 +129,8 @@ class RingWriter:
     def put(self, edge: int, slot: int, iteration: int, now: int, expected: int, free: int, kind: int) -> None:
         words = self._words
         pos = self.written
-        if pos - words[W_TAIL] > self._mask:  # full (or a scribbled tail): drop, never wait
+        unread = pos - words[W_TAIL]
+        if unread > self._mask:  # full (or a scribbled tail): drop, never wait
             self.dropped += 1
             words[W_DROPPED] = self.dropped
             return
@@ -135,7 +141,7 @@ class RingWriter:
                           expected, free, check, commit)
         words[W_HEAD] = commit
         self.written = commit
-        if not words[W_SLEEP] & 1 and not self._always_wake:  # it looked awake: sure, after a fence (docstring)?
+        if unread != self._half and not words[W_SLEEP] & 1 and not self._always_wake:  # awake: sure, after a fence?
             fence = self._fence
             fence.acquire()
             fence.release()
@@ -211,6 +217,12 @@ class RingReader:
         if self._gen & 1:
             self._gen += 1
             self._words[W_SLEEP] = self._gen
+
+    def quiet(self) -> None:
+        """Wait without a wake-up per edge (the word stays even): edges wait in the ring until the agent
+        reads for another reason, or one finds the ring half unread and wakes it. No fence is needed:
+        an edge that slips past this call is read at the next wake-up, as every quiet edge is."""
+        self.awake()
 
     def sleep(self) -> bool:
         """Announce a wait; False when a record slipped in first (take it, then call again)."""

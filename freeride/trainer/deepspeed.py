@@ -90,11 +90,17 @@ class DeepSpeedInstrumentation(Instrumented):
             self.tracker.end_step()
 
     def _around(self, direction: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+        tracker = self.tracker
+
         @functools.wraps(fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if not self.tracker.enabled:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:  # no closure made per call: it runs ~35 times a step
+            if not tracker.enabled:
                 return fn(*args, **kwargs)
-            return self.tracker.wait(direction, lambda: fn(*args, **kwargs))
+            token = tracker.begin_wait(direction)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tracker.end_wait(token)
 
         return wrapped
 

@@ -101,6 +101,7 @@ class InlineClock:
     def __init__(self, sync: Callable[[], None] | None = None, mode: str = "off") -> None:
         self._sync = sync
         self.mode = mode
+        self.direct = sync is None  # edges at the CPU's time on the calling thread: a tracker may stamp them itself
 
     def edge(self, fn: Stamped) -> None:
         if self._sync is not None:

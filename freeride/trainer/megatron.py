@@ -56,7 +56,7 @@ class _EdgeTimer:
         self._owner = owner
         self._name = name
         self._inner = inner
-        self._token: tuple[int, int, bool] | None = None
+        self._token: tuple[int, int, bool, int] | None = None
 
     def start(self, barrier: bool = False) -> None:
         self._inner.start(barrier=barrier)

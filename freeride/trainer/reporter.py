@@ -209,6 +209,12 @@ class BubbleReporter:
         return self._dropped + self._ring_dropped + self._stale + (shm.dropped if shm is not None else 0)
 
     @property
+    def wakes(self) -> int:
+        """Wake-ups written to the agent of the ring attached now (an agent with nothing to grant asks for none)."""
+        shm = self._shm
+        return shm.wakes if shm is not None else 0
+
+    @property
     def path(self) -> str:
         """"shm" (the agent's ring), "grpc" (the stream), or "" while no agent is connected."""
         return "shm" if self._shm is not None else "grpc" if self._live else ""

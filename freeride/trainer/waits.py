@@ -63,6 +63,10 @@ class WaitTracker:
     _open_ns: dict[int, int] = field(default_factory=dict)  # slot -> when its open bubble started
     _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _free_bytes: int = 0
+    _direct: bool = False  # the clock is inline with no sync: wait edges are stamped here, with no _Edge made
+
+    def __post_init__(self) -> None:
+        self._direct = bool(getattr(self.clock, "direct", False))
 
     @property
     def edge_mode(self) -> str:
@@ -99,21 +103,33 @@ class WaitTracker:
         finally:
             self.end_wait(token)
 
-    def begin_wait(self, direction: int) -> tuple[int, int, bool]:
+    def begin_wait(self, direction: int) -> tuple[int, int, bool, int]:
         """The rank is about to block on a peer; pass the result to end_wait()."""
         slot = self._ordinal
-        self._ordinal += 1
+        self._ordinal = slot + 1
         self.waits_seen += 1
         kind = self._kind(direction)
         # A wait that was too short to harvest last iteration is not reported (it keeps its slot
         # number): a side task could not use it, and every edge costs the agent some CPU.
         report = self._last_ns.get(slot, self.min_report_ns) >= self.min_report_ns
+        if self._direct:  # a CPU stage: the edge's time is now, kept in the token (no object made for it)
+            if report:
+                self.reporter.start(slot, kind, free_memory_bytes=self._free_bytes)
+            return slot, kind, report, time.monotonic_ns()
         # START once the GPU has finished what was queued before the wait
         self.clock.edge(_Edge(self, slot, kind, report, self._free_bytes, True).stamp)
-        return slot, kind, report
+        return slot, kind, report, 0
 
-    def end_wait(self, token: tuple[int, int, bool]) -> None:
-        slot, kind, report = token
+    def end_wait(self, token: tuple[int, int, bool, int]) -> None:
+        slot, kind, report, start = token
+        if self._direct:  # the hook runs on caches the compute has just evicted: as little as it can
+            now = time.monotonic_ns()
+            if report:
+                self.reporter.end(slot, kind)
+            self._last_ns[slot] = now - start
+            if self.record:
+                self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, now, report))
+            return
         self.clock.edge(_Edge(self, slot, kind, report, 0, False).stamp)  # END once the received data has landed
 
     def _started(self, slot: int, kind: int, report: bool, free_bytes: int, now: int) -> None:

@@ -73,6 +73,20 @@ def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths
         assert [rank["path"] for rank in r["ranks"]] == [path] * 4  # every rank took the road asked for
 
 
+def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    r = bench("trainer", "--framework", "deepspeed", "--iterations", "12", "--cpus", ",".join(map(str, cpus)))
+    assert (r["framework"], r["model"], r["p"], r["m"], r["path"]) == ("deepspeed", "mlp", 2, 8, "shm")
+    for key in ("overhead_ratio", "null_ratio", "cpu_overhead_ratio", "cpu_null_ratio"):
+        assert 0.5 < float(r[key]) < 2, key
+    assert float(r["step_ms_plain"]) > 0 and float(r["step_ms_instrumented"]) > 0
+    assert [rank["path"] for rank in r["ranks"]] == ["shm", "shm"] and r["dropped_by_reporter"] == 0
+    # Every rank waited (sends and receives each step) and reported some of it ...
+    assert all(rank["bubbles_per_iteration"] > 0 and rank["reported_per_iteration"] > 0 for rank in r["ranks"])
+    # ... to agents with nothing to grant: quiet, so no edge woke them.
+    assert r["agent_wakes"] == 0
+
+
 def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     r = bench("control", "--bubbles", "20", "--path", "grpc", "--trainer-cpus", str(cpus[0]),
@@ -89,6 +103,15 @@ def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts(flag: st
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         f"freeride: error: bench control: {flag} 4096: CPU 4096 is not among {whose} CPUs "
+        f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
+
+
+def test_a_trainer_cpu_the_bench_may_not_use_is_one_line_before_anything_starts() -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "trainer", "--framework", "deepspeed",
+                          "--cpus", "4096"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"freeride: error: bench trainer: --cpus 4096: CPU 4096 is not among this machine's CPUs "
         f"({format_cpu_list(os.sched_getaffinity(0))}); pick from those"]
 
 

@@ -17,9 +17,9 @@ import pytest
 from conftest import FAST, bubbles, spec
 
 from freeride.client import AgentClient
-from freeride.tooling.harness import AgentProcess, replay
+from freeride.tooling.harness import AgentProcess, replay, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
-from freeride.v1 import trainer_pb2, trainer_pb2_grpc
+from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc
 
 CALLS = 1000
 FAST_RECONNECT = {"reconnect_min_s": 0.05, "reconnect_max_s": 0.2}
@@ -276,3 +276,27 @@ def test_a_second_trainer_claiming_a_rank_is_refused_said_once_and_the_first_is_
         second.close()
     refusals = [line for line in agent.log_path.read_text().splitlines() if "refused" in line]
     assert len(refusals) == 1 and "rank 0 is already reported" in refusals[0], refusals
+
+
+def test_an_agent_with_nothing_to_grant_is_woken_by_no_edge_and_listens_once_a_task_is_ready(
+    agent: AgentProcess, client: AgentClient
+) -> None:
+    reporter = BubbleReporter(agent.target)
+    try:
+        assert reporter.wait_connected(10) and reporter.path == "shm"
+        report(reporter, 20)
+        assert reporter.wakes == 0  # no task: the edges went into the ring and woke nobody
+        assert client.stats().gpu.bubbles == 20  # the profile still has every bubble (a Stats call reads the ring)
+        task = client.submit(spec("Counter", step_ms=1))
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])  # the agent listens before READY is seen
+        report(reporter, 3)
+        assert reporter.wakes >= 1  # each edge may lead to a grant now: the sleeping agent is woken
+        client.cancel(task.id)
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_CANCELLED])
+        quiet_from = reporter.wakes
+        report(reporter, 5)
+        assert reporter.wakes == quiet_from  # nothing to grant again: quiet again
+        assert client.stats().gpu.bubbles == 28
+    finally:
+        reporter.close()
+    assert reporter.dropped == 0

@@ -345,6 +345,34 @@ def test_a_second_sleep_in_the_same_wait_keeps_the_generation(ring: Ring) -> Non
     assert seqs(ring.take()) == [0, 1]
 
 
+@pytest.mark.skipif(not ORDERED_FENCE, reason="without a full fence the writer wakes on every edge")
+def test_a_quiet_reader_is_woken_by_no_edge_but_the_one_that_finds_half_the_ring_unread(ring: Ring) -> None:
+    assert ring.reader.sleep() is True
+    ring.reader.quiet()  # waits without a wake-up per edge: the word is even again
+    assert ring.words[W_SLEEP] % 2 == 0
+    for seq in range(RECORDS // 2):
+        ring.put(seq)
+    assert ring.wakes_pending() == 0 and ring.writer.wakes == 0  # the edges wait in the ring, unannounced
+    ring.put(RECORDS // 2)  # finds half the ring unread: wakes the agent, quiet or not
+    assert ring.wakes_pending() == 1
+    for seq in range(RECORDS // 2 + 1, RECORDS):
+        ring.put(seq)
+    assert ring.wakes_pending() == 0  # one wake-up per crossing, not one per edge after it
+    assert seqs(ring.reader.take()) == list(range(RECORDS))  # nothing was dropped: it read well before full
+    assert ring.writer.dropped == 0
+    for seq in range(RECORDS // 2 + 1):  # read: the next crossing wakes it again
+        ring.put(seq)
+    assert ring.wakes_pending() == 1
+
+
+def test_the_half_full_edge_wakes_a_reader_that_is_awake_too(ring: Ring) -> None:
+    for seq in range(RECORDS // 2):
+        ring.put(seq)
+    ring.wakes_pending()  # (without a full fence every edge woke it)
+    ring.put(RECORDS // 2)
+    assert ring.wakes_pending() == 1  # harmless: an awake agent reads on as it would have
+
+
 # -- sizes and headers ---------------------------------------------------------------------------------------
 
 
@@ -403,10 +431,14 @@ def test_a_file_that_is_not_a_ring_of_this_version_is_refused(tmp_path: Path, he
 
 def test_a_well_formed_header_is_taken_and_its_record_count_used(tmp_path: Path) -> None:
     mm = _header(tmp_path, records=RECORDS, size=ring_bytes(RECORDS))
-    writer = RingWriter(mm, -1)
-    reader = RingReader(mm)
-    for seq in range(RECORDS + 1):
-        writer.put(EDGE_START, 0, seq, NOW, 0, 0, 0)
+    null = os.open(os.devnull, os.O_WRONLY)  # the half-full wake-up goes nowhere
+    try:
+        writer = RingWriter(mm, null)
+        reader = RingReader(mm)
+        for seq in range(RECORDS + 1):
+            writer.put(EDGE_START, 0, seq, NOW, 0, 0, 0)
+    finally:
+        os.close(null)
     assert writer.dropped == 1 and len(reader.take()) == RECORDS
     assert struct.unpack_from("<q", mm, W_RECORDS * 8) == (RECORDS,)
     reader.release()
@@ -442,3 +474,54 @@ def test_a_channel_closed_while_a_full_batch_waits_for_its_next_turn_is_not_read
     assert seqs(taken) == list(range(5000))
     assert list(tmp_path.iterdir()) == []  # the ring file and the hand-over socket are gone
     assert errors == []
+
+
+def test_a_quiet_channel_reads_only_when_asked_and_listen_makes_each_edge_wake_it(tmp_path: Path) -> None:
+    from freeride.trainer._ring import fetch_ring
+
+    taken: list[Record] = []
+    wakes: list[int] = []
+
+    async def run() -> None:
+        arrived = asyncio.Event()
+
+        def deliver(batch: list[Record]) -> None:
+            taken.extend(batch)
+            arrived.set()
+
+        channel = RingChannel(tmp_path, 0, 0o600, None, RECORDS)
+        fetched = asyncio.Event()
+        channel.offer(fetched.set, lambda: None)
+        writer = await asyncio.to_thread(fetch_ring, str(channel.socket_path), channel.key, -1)  # the trainer's end
+        await asyncio.wait_for(fetched.wait(), 10)
+        try:
+            channel.quiet = True  # the agent has nothing to grant
+            channel.start(deliver)
+            for seq in range(3):
+                writer.put(EDGE_START, 0, seq, NOW, 0, 0, 0)
+            wakes.append(writer.wakes)  # none: the edges wait in the ring
+            channel.pump()  # read for another reason (a Stats call): what is written is taken, quiet still
+            assert seqs(taken) == [0, 1, 2]
+            writer.put(EDGE_START, 0, 3, NOW, 0, 0, 0)
+            wakes.append(writer.wakes)
+            channel.listen(True)  # a task became schedulable: what waits is read now, each edge wakes from now on
+            assert seqs(taken) == [0, 1, 2, 3]
+            arrived.clear()
+            writer.put(EDGE_START, 0, 4, NOW, 0, 0, 0)
+            await asyncio.wait_for(arrived.wait(), 10)  # the eventfd woke the loop's reader
+            wakes.append(writer.wakes)
+            channel.listen(False)
+            writer.put(EDGE_START, 0, 5, NOW, 0, 0, 0)
+            wakes.append(writer.wakes)
+            arrived.clear()
+            for seq in range(6, 6 + RECORDS // 2):  # the edge that finds half the ring unread wakes it
+                writer.put(EDGE_START, 0, seq, NOW, 0, 0, 0)
+            await asyncio.wait_for(arrived.wait(), 10)
+            wakes.append(writer.wakes)
+        finally:
+            channel.close()
+            os.close(writer.wake_fd)
+
+    asyncio.run(run())
+    assert seqs(taken) == list(range(6 + RECORDS // 2))
+    assert wakes == [0, 0, 1, 1, 2]

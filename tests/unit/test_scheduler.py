@@ -56,6 +56,7 @@ class Harness:
         self.timers: list[FakeTimer] = []
         self.accounts: list[Account] = []
         self.hangs: list[tuple[str, int]] = []
+        self.demand: list[tuple[bool, bool]] = []  # (what on_demand was told, wants_edges at that moment)
         cfg = SchedulerConfig(
             margin_ns=MARGIN, min_window_ns=200 * US, hang_timeout_ns=HANG, hang_factor=20.0
         )
@@ -65,6 +66,7 @@ class Harness:
             config=cfg,
             on_account=lambda rec, per, total: self.accounts.append(Account(rec, per, total)),
             on_hang=lambda task_id, wid: self.hangs.append((task_id, wid)),
+            on_demand=lambda wanted: self.demand.append((wanted, self.sched.wants_edges)),
         )
 
     def _call_at(self, at: int, fn: Callable[[], None]) -> FakeTimer:
@@ -733,3 +735,51 @@ def test_a_task_whose_steps_fit_no_bubble_seen_is_told_once_and_the_word_is_take
     assert said[1:] == []  # a probe is not a window it fits (its worker may not have stepped)
     bubble(i + 1, 1 * MS)
     assert said[1:] == [("big", 0, 0)]  # granted a window it fits: the reason is taken back
+
+
+# -- demand: whether each edge must wake the agent ---------------------------------------------------------------
+
+
+def test_edges_are_wanted_from_the_first_schedulable_task_until_none_could_take_a_window() -> None:
+    h = Harness()
+    assert h.sched.wants_edges is False  # no task: the edges only feed the profile
+    h.add("a")
+    h.add("b")
+    assert h.sched.wants_edges is True
+    assert h.demand == [(True, False)]  # told once, before the answer changed (the agent reads its rings first)
+    h.sched.stop_granting("a")
+    assert h.sched.wants_edges is True  # b could still take a window
+    h.sched.checkpointing("b", True)
+    assert h.sched.wants_edges is False and h.demand[-1] == (False, True)
+    h.sched.checkpointing("b", False)
+    assert h.sched.wants_edges is True
+    h.sched.remove_task("b")
+    h.sched.remove_task("a")
+    assert h.sched.wants_edges is False
+    assert [wanted for wanted, _ in h.demand] == [True, False, True, False]
+
+
+def test_a_stopping_task_that_holds_a_window_keeps_edges_wanted_until_it_gives_it_back() -> None:
+    h = Harness()
+    t = h.learn()
+    h.add("a")
+    h.start(t)
+    wid = h.sched.tasks["a"].window_id
+    assert wid  # granted
+    h.sched.stop_granting("a")  # paused mid-window: its END must still revoke in time
+    assert h.sched.wants_edges is True
+    h.end(t + LENGTH)
+    h.done("a", wid)
+    assert h.sched.wants_edges is False
+
+
+def test_event_delays_are_learned_only_from_edges_read_while_wanted() -> None:
+    h = Harness()
+    h.now = 70 * MS
+    h.sched.on_bubble(Edge(True, True, 0, 0, 1, 20 * MS))  # read 50 ms late, on purpose: nothing wanted it
+    assert list(h.sched.event_delays_ns) == []
+    assert h.sched.gpu.events == 1  # yet it counts, and its bubble feeds the profile
+    h.add("a")
+    h.now = 100 * MS
+    h.sched.on_bubble(Edge(True, True, 0, 0, 2, 100 * MS - 30 * US))
+    assert list(h.sched.event_delays_ns) == [30 * US]

@@ -2,7 +2,9 @@
 
 With `model="sleep"` each stage's compute is made deterministic in time (it sleeps F ms in
 forward and B ms in backward around a real Linear + tanh), so the bubbles a schedule implies
-are known: the trainer benchmark and the tests use it. With `model="transformer"` the stages
+are known: the trainer benchmark and the tests use it. With `model="mlp"` each stage is
+`layers_per_stage` Linear + ReLU layers of width `dim`, the shape of DeepSpeedExamples' pipeline
+clients: real CPU compute and short bubbles. With `model="transformer"` the stages
 are a small byte-level language model learning standard-library source (freeride.tooling.bench.lm):
 real compute, for the demo. Run one rank with
 `python -m freeride.tooling.bench.pipeline --rank R --world P --config JSON --out FILE`.
@@ -50,8 +52,8 @@ class PipelineConfig:
     block: int = 1  # iterations per block when alternating
     warmup: int = 0  # iterations run instrumented before the alternation starts (the agent learns slots)
     framework: str = "torch"  # or "deepspeed" (its PipelineEngine, 1F1B TrainSchedule)
-    model: str = "sleep"  # or "transformer" (freeride.tooling.bench.lm; forward_ms/backward_ms unused)
-    layers_per_stage: int = 2  # transformer only, as are heads and seq_len (dim is its width)
+    model: str = "sleep"  # "mlp" or "transformer" (freeride.tooling.bench.lm): forward_ms/backward_ms unused
+    layers_per_stage: int = 2  # mlp and transformer; heads and seq_len are the transformer's (dim: the width)
     heads: int = 4
     seq_len: int = 64
     device: str = "cpu"  # "cuda": each rank on GPU LOCAL_RANK (mod the GPU count), NCCL between ranks
@@ -103,8 +105,26 @@ def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
     return Block()
 
 
+def _make_mlp(dim: int, layers: int) -> Any:
+    """One stage of real compute: `layers` Linear + ReLU layers of width `dim`."""
+    import torch
+
+    mods: list[Any] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(dim, dim), torch.nn.ReLU()]
+    return torch.nn.Sequential(*mods)
+
+
+def _stage_modules(cfg: PipelineConfig, count: int) -> list[Any]:
+    """The `count` stages' modules of the sleep or mlp model, built in order from the current seed."""
+    if cfg.model == "mlp":
+        return [_make_mlp(cfg.dim, cfg.layers_per_stage) for _ in range(count)]
+    return [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(count)]
+
+
 def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
-            inst: Any, step_start_ns: list[int] | None = None, reporter_path: str = "") -> dict[str, Any]:
+            inst: Any, step_start_ns: list[int] | None = None, reporter_path: str = "",
+            step_cpu_ns: list[int] | None = None) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in params:
         digest.update(p.detach().cpu().numpy().tobytes())
@@ -114,14 +134,17 @@ def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[A
         "losses": losses,
         "params_sha256": digest.hexdigest(),
         "step_ms": [s / 1e6 for s in step_ns],
+        "step_cpu_ms": [s / 1e6 for s in step_cpu_ns or []],  # the training thread's CPU time in each step
         "step_start_ns": step_start_ns or [],
         "bubbles": [],
         "reporter_dropped": 0,
         "reporter_path": reporter_path,  # "shm" or "grpc" once connected ("" when not instrumented or unconnected)
+        "reporter_wakes": 0,  # eventfd writes to the agent (the ring road): none while it has nothing to grant
     }
     if inst is not None:
         result["bubbles"] = [asdict(b) for b in inst.bubbles]
         result["reporter_dropped"] = inst.reporter.dropped
+        result["reporter_wakes"] = inst.reporter.wakes
         inst.close()
     return result
 
@@ -140,7 +163,7 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(cfg.seed)
-    layers = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(world)]
+    layers = _stage_modules(cfg, world)
     net = PipelineModule(layers=layers, num_stages=world, loss_fn=torch.nn.functional.mse_loss,
                          partition_method="uniform")
     ds_config = {
@@ -170,15 +193,18 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
 
     losses: list[float] = []
     step_ns: list[int] = []
+    step_cpu_ns: list[int] = []
     for it in range(cfg.iterations):
         if inst is not None:
             inst.tracker.enabled = cfg.instrumented(it)
+        c0 = time.thread_time_ns()
         t0 = time.monotonic_ns()
         loss = engine.train_batch(iter(batches(it)))
         step_ns.append(time.monotonic_ns() - t0)
+        step_cpu_ns.append(time.thread_time_ns() - c0)
         losses.append(float(loss))
     result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst,
-                     reporter_path=reporter_path)
+                     reporter_path=reporter_path, step_cpu_ns=step_cpu_ns)
     dist.barrier()
     return result
 
@@ -222,7 +248,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
         loss_fn: Any = lm.loss_fn
         lr = 1e-3
     else:
-        modules = [_make_block(cfg.dim, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.num_stages)]
+        modules = _stage_modules(cfg, cfg.num_stages)
         loss_fn = torch.nn.functional.mse_loss
         lr = 0.05
     stage_ids = cfg.stage_ids(pp_rank)
@@ -245,6 +271,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
     has_last = cfg.num_stages - 1 in stage_ids
     losses: list[float] = []
     step_ns: list[int] = []
+    step_cpu_ns: list[int] = []
     step_start_ns: list[int] = []
     batch = cfg.microbatches * cfg.microbatch_size
     for it in range(cfg.iterations):
@@ -259,6 +286,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
             inst.enabled = cfg.instrumented(it)
         optimizer.zero_grad()
         mb_losses: list[Any] = []
+        c0 = time.thread_time_ns()
         t0 = time.monotonic_ns()
         args = (x,) if has_first else ()
         schedule.step(*args, target=target if has_last else None, losses=mb_losses if has_last else None)
@@ -270,6 +298,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_ns.append(time.monotonic_ns() - t0)
+        step_cpu_ns.append(time.thread_time_ns() - c0)
         step_start_ns.append(t0)
         if has_last:
             losses.append(float(torch.stack(mb_losses).sum()) / (cfg.microbatches if text is not None else 1))
@@ -277,7 +306,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
             progress.write(json.dumps({"iteration": it, "step_ms": step_ns[-1] / 1e6,
                                        "loss": losses[-1] if has_last else None}) + "\n")
             progress.flush()
-    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path)
+    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path, step_cpu_ns)
     dist.barrier()
     dist.destroy_process_group()
     return result
