@@ -123,9 +123,10 @@ def test_json_logs_have_one_parseable_line_per_lifecycle_event(metrics_agent):
     messages = [r["msg"] for r in records]
     for expected in ("serving on unix:", "metrics on http://127.0.0.1:", f"task {info.id} submitted",
                      f"task {info.id} SUBMITTED -> STARTING", f"task {info.id} STARTING -> READY",
-                     "trainer connected", "trainer disconnected", f"task {info.id} READY -> CANCELLED",
+                     ") connected", ") disconnected", f"task {info.id} READY -> CANCELLED",
                      "SIGTERM: shutting down", "agent stopped"):
         assert sum(expected in msg for msg in messages) == 1, f"{expected!r} in {messages}"
+    assert any(m.startswith("trainer rank 0 (pid ") and m.endswith(") connected") for m in messages), messages
 
 
 STREAM_SERIES = ("freeride_trainer_edges_total", "freeride_trainer_edges_rejected_total",
