@@ -1,7 +1,8 @@
 """The agent: one GPU's side tasks, behind the calls the servicers make.
 
-A thin front over the engine, all on one asyncio loop (the database writer is the only other
-thread, so nothing needs a lock, and nothing here waits on a worker or a client):
+A thin front over the engine, all on one asyncio loop (nothing here waits on a worker or a client,
+and nothing needs a lock: the other threads, the database writer and the memory watchdog's reads,
+hand their results back to the loop, which alone applies them):
 
   tasks.py       the task table: every record, and each live task's runtime
   supervisor.py  memory admission, worker start, restart and stop, the memory watchdog

@@ -3,7 +3,9 @@
 Runs on the agent's loop. Every background task it creates is owned (`Background`) and every
 timer it sets is kept and cancelled at shutdown; a failure in either is logged and acted on: a
 worker that cannot be started counts as a crash (restarted with backoff, FAILED after the task's
-restarts), a failed watchdog check is retried at the next interval.
+restarts), a failed watchdog check is retried at the next interval. The watchdog's reads (each
+worker's memory, its process tree) block for milliseconds: they run on the supervisor's own thread
+(`Offload`), and only their results are applied here.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from freeride.agent.events import (
 )
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import TaskRecord, TaskState
+from freeride.agent.offload import Offload, ThreadOffload
 from freeride.agent.scheduler import Scheduler, TaskSlot
 from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
 from freeride.agent.timers import CallLater, TimerHandle
@@ -59,12 +62,24 @@ class Launcher(Protocol):
 
     async def settle(self) -> None: ...
 
-    def track(self) -> None: ...
+    def tracking(self) -> TreeScan: ...
+
+
+class TreeScan(Protocol):
+    """A watchdog tick's scan of the workers' process trees (freeride.agent.workers.TreeScan)."""
+
+    def read(self) -> None:
+        """Blocking, in the watchdog's thread: look at the trees."""
+
+    def apply(self) -> None:
+        """On the loop: write down what was found (a worker gone meanwhile is skipped)."""
 
 
 class Supervisor:
     def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
-                 scheduler: Scheduler, call_later: CallLater | None = None) -> None:
+                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None) -> None:
+        """`offload`: where the watchdog's blocking reads run (None: a thread of the supervisor's own, released
+        by `shutdown`)."""
         self._cfg = config
         self._table = table
         self._memory = memory
@@ -76,7 +91,9 @@ class Supervisor:
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
         self._stop_deadlines: dict[str, TimerHandle] = {}  # task id -> when its asked-for checkpoint is overdue
         self._checkpoint_deadlines: dict[str, TimerHandle] = {}  # task id -> when its running checkpoint is overdue
-        self._watchdog: TimerHandle | None = None
+        self._watchdog: TimerHandle | None = None  # the next check (set once the previous one ended)
+        self._checks = Background("memory watchdog")  # the check in flight (one at most)
+        self._offload: Offload = offload or ThreadOffload("freeride-sample")
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
         self.checkpoint_dir = config.state_dir / "checkpoints"
@@ -119,13 +136,13 @@ class Supervisor:
         except Exception:  # a timer callback: nobody else would see it; the watchdog's pass tries again
             log.exception("admitting waiting tasks after a worker's exit failed")
 
-    def admit_waiting(self) -> None:
+    def admit_waiting(self, usable: Callable[[], int | None] | None = None) -> None:
         """A worker slot or memory may have freed up: start the waiting tasks that fit now, highest priority
-        first, then oldest."""
+        first, then oldest. `usable`: the budget as just measured (None: measured here, once if needed)."""
         if self.stopping or self._resident() >= self._cfg.max_workers:
             return
         # One GPU query for the whole pass: workers start later (owned tasks), so the device is unchanged.
-        usable = functools.cache(self.usable_bytes)
+        usable = usable or functools.cache(self.usable_bytes)
         for rec in self._table.waiting():
             rt = self._table.live[rec.id]
             start_reason = rt.waiting or ""
@@ -387,6 +404,7 @@ class Supervisor:
         for timer in (self._watchdog, self._admission_pass):
             if timer is not None:
                 timer.cancel()
+        await self._checks.wait()  # a sample in flight ends (milliseconds) and is not applied
         await self.settle()  # (a spawn takes milliseconds)
         for rt in list(self._table.live.values()):
             if rt.worker is None:
@@ -410,30 +428,62 @@ class Supervisor:
                 self._cancel_stop_deadline(task_id)
             for task_id in list(self._checkpoint_deadlines):
                 self._cancel_checkpoint_deadline(task_id)
+            self._offload.close()
         await self._launcher.settle()
 
     # -- the memory watchdog ---------------------------------------------------------------------
     def watch_memory(self) -> None:
-        self._watchdog = self._call_later(self._cfg.memory_check_s, self.check_memory)
+        """Check every --memory-check-s; the next check is set once the previous one has ended, so two
+        samples are never in flight."""
+        self._watchdog = self._call_later(self._cfg.memory_check_s, self._check_soon)
 
-    def check_memory(self) -> None:
-        """A worker above its cap is stopped; training and other tasks are not touched."""
+    def _check_soon(self) -> None:
+        self._watchdog = None
+        self._checks.spawn(self._check_then_watch())
+
+    async def _check_then_watch(self) -> None:
+        try:
+            await self.check_memory()
+        finally:
+            if not self.stopping:
+                self.watch_memory()
+
+    async def watched(self) -> None:
+        """Until the check in flight (if any) has ended and been applied."""
+        await self._checks.wait()
+
+    async def check_memory(self) -> None:
+        """A worker above its cap is stopped; training and other tasks are not touched. The reads run on the
+        watchdog's thread; what they found is applied here, to the workers still alive."""
         if self.stopping:
             return
         try:
-            self._check_caps()
-            if self._table.waiting_count():
-                self.admit_waiting()  # the device's free memory may have grown without any event
+            await self._check_caps()
         except Exception:  # the watchdog never stops watching
             log.exception("memory watchdog: the check failed; checking again in %.2fs", self._cfg.memory_check_s)
-        self.watch_memory()
 
-    def _check_caps(self) -> None:
-        live = {task_id: (rt, rt.worker) for task_id, rt in self._table.live.items() if rt.worker is not None}
-        sampled = self._memory.sample({task_id: worker.pid for task_id, (_, worker) in live.items()})
-        self._launcher.track()  # (the same tick writes down what each uncontained worker's tree holds)
+    async def _check_caps(self) -> None:
+        live = {task_id: rt.worker for task_id, rt in self._table.live.items() if rt.worker is not None}
+        pids = {task_id: worker.pid for task_id, worker in live.items()}
+        scan = self._launcher.tracking()  # (the same tick writes down what each uncontained worker's tree holds)
+        trainer_free = self._scheduler.trainer_free_memory_bytes
+        admitting = self._table.waiting_count() > 0  # the device's free memory may have grown without any event
+
+        def read() -> tuple[dict[str, int], int | None]:  # in the watchdog's thread: nothing of the loop's state
+            sampled = self._memory.sample(pids)
+            scan.read()
+            usable = self._memory.usable_bytes(pids.values(), trainer_free) if admitting else None
+            return sampled, usable
+
+        sampled, usable = await self._offload.run(read)
+        if self.stopping:
+            return
+        scan.apply()
         for task_id, used in sampled.items():
-            (rt, worker), rec = live[task_id], self._table.records[task_id]
+            worker, rt = live[task_id], self._table.live.get(task_id)
+            if rt is None or rt.worker is not worker or worker.exited.is_set():
+                continue  # it exited while its sample was read
+            rec = self._table.records[task_id]
             rt.memory_bytes = used
             rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
             cap = rec.spec.mem_limit_bytes
@@ -442,6 +492,8 @@ class Supervisor:
                 log.warning("task %s: %s; stopping its worker", task_id, reason)
                 worker.retryable = rec.restarts < self._cfg.memory_cap_restarts
                 worker.kill(reason)
+        if admitting and self._table.waiting_count():
+            self.admit_waiting(lambda: usable)
 
     # -- the worker's stream ---------------------------------------------------------------------
     def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:

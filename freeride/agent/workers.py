@@ -4,8 +4,9 @@ Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.cg
 agent may create one; the whole group is killed when the worker exits or is killed, so nothing a task
 starts outlives it. Without cgroups, the worker's process group is killed, and what left it is found by
 the WORKER_MARK in its environment and by the record of the worker's process tree (freeride.agent.procs),
-which the memory watchdog's tick keeps up to date (`track`). Each worker's record is also how the next
-agent, after a `kill -9` of this one, finds and kills what the workers left (`reclaim`).
+which the memory watchdog's tick keeps up to date (`tracking`: read in its thread, applied on the loop).
+Each worker's record is also how the next agent, after a `kill -9` of this one, finds and kills what the
+workers left (`reclaim`).
 Windows: each worker inherits its own window word and wake-up pipe (freeride.core.window) and nothing else
 of the agent's: a task cannot reach another task's windows.
 Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.logs).
@@ -178,16 +179,11 @@ class WorkerLauncher:
         watch.add_done_callback(lambda t: self._watched.pop(t, None))
         return worker
 
-    def track(self) -> None:
-        """Write down the processes new in each live worker's tree that has no cgroup (one /proc scan per
-        worker; called on the memory watchdog's tick). With a cgroup, the group holds them all already."""
-        for worker in list(self._watched.values()):
-            if worker.group is not None or worker.exited.is_set():
-                continue
-            now = tree(worker.pid)
-            if now.keys() - worker.known.keys():
-                worker.known.update(now)
-                self._records.write(worker.name, worker.known)
+    def tracking(self) -> TreeScan:
+        """The memory watchdog's look at the trees of the live workers that have no cgroup (with one, the group
+        holds every process already): read off the loop, applied on it."""
+        return TreeScan([w for w in self._watched.values() if w.group is None and not w.exited.is_set()],
+                        self._records)
 
     async def reclaim(self, grace_s: float) -> None:
         """Before any task starts: kill what the workers of a killed predecessor on this state directory left
@@ -275,6 +271,28 @@ class WorkerLauncher:
             return
         if not self._cgroups.remove(group):
             log.warning("cgroup %s: emptied but could not be removed", group)
+
+
+class TreeScan:
+    """One watchdog tick's scan of some workers' process trees: `read` in the watchdog's thread (one /proc scan
+    per worker, nothing of the loop's state touched), then `apply` on the loop: write down the processes new
+    in each tree. A worker reaped in between is skipped (its pid may name another process by now)."""
+
+    def __init__(self, workers: list[WorkerProcess], records: ProcRecords) -> None:
+        self._workers = [(w, w.pid) for w in workers]
+        self._records = records
+        self._found: list[tuple[WorkerProcess, Procs]] = []
+
+    def read(self) -> None:
+        self._found = [(worker, tree(pid)) for worker, pid in self._workers]
+
+    def apply(self) -> None:
+        for worker, now in self._found:
+            if worker.proc.returncode is not None or worker.exited.is_set():
+                continue
+            if now.keys() - worker.known.keys():
+                worker.known.update(now)
+                self._records.write(worker.name, worker.known)
 
 
 def _mark_of(name: str) -> str:

@@ -8,20 +8,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from freeride.agent.config import AgentConfig
 from freeride.agent.memory import MemoryGuard
 from freeride.agent.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.offload import Offload
 from freeride.agent.scheduler import Scheduler, SchedulerConfig
 from freeride.agent.supervisor import Supervisor
 from freeride.agent.tasks import Change, TaskTable
 from freeride.gpu.control import cpu_only
 
 MiB = 2**20
+T = TypeVar("T")
 
 
 def in_loop(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -120,7 +123,7 @@ class FakeLauncher:
         self.fail: Exception | None = None  # raised by the next spawn
         self.gate: asyncio.Event | None = None  # when given: spawn waits for it (a spawn in flight)
         self.spawning = asyncio.Event()  # set once a spawn waits at the gate
-        self.tracked = 0  # watchdog ticks that asked it to write down the workers' processes
+        self.scans: list[FakeScan] = []  # one per watchdog tick: its look at the workers' process trees
 
     async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Any, int], None],
                     env: dict[str, str] | None = None) -> FakeWorker:
@@ -137,11 +140,38 @@ class FakeLauncher:
     async def settle(self) -> None:
         pass
 
-    def track(self) -> None:
-        self.tracked += 1
+    def tracking(self) -> FakeScan:
+        self.scans.append(FakeScan())
+        return self.scans[-1]
 
     def of(self, task_id: str) -> list[FakeWorker]:
         return [w for w in self.workers if w.task_id == task_id]
+
+
+@dataclass
+class FakeScan:
+    """Records where each half of a tree scan ran: the read off the loop, the apply on it."""
+
+    read_in: str = ""  # the thread's name
+    applied_in: str = ""
+
+    def read(self) -> None:
+        self.read_in = threading.current_thread().name
+
+    def apply(self) -> None:
+        self.applied_in = threading.current_thread().name
+
+
+class InlineOffload:
+    """Runs the watchdog's reads on the loop itself, at once: a check is over when its await returns."""
+
+    closed = False
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class FakeProbe:
@@ -157,7 +187,8 @@ class FakeProbe:
 class Rig:
     """A supervisor with its task table and scheduler, a fake launcher and probe, and manual timers."""
 
-    def __init__(self, state_dir: Path, **config: Any) -> None:
+    def __init__(self, state_dir: Path, offload: Offload | None = None, **config: Any) -> None:
+        """`offload`: where the watchdog's reads run (default: inline, on the loop)."""
         self.timers = ManualTimers()
         self.changes: list[tuple[str, TaskState, Change]] = []
         self.table = TaskTable(lambda rec, change: self.changes.append((rec.id, rec.state, change)))
@@ -170,7 +201,7 @@ class Rig:
         defaults: dict[str, Any] = {"state_dir": state_dir, "max_restarts": 3, "restart_backoff_s": 1.0}
         self.config = AgentConfig(**{**defaults, **config})
         self.sup = Supervisor(self.config, self.table, self.memory, self.launcher, self.scheduler,
-                              call_later=self.timers.call_later)
+                              call_later=self.timers.call_later, offload=offload or InlineOffload())
         self._ids = itertools.count(1)
 
     def task(self, cap_bytes: int = 0, priority: int = 0, max_restarts: int = -1) -> TaskRecord:

@@ -317,6 +317,7 @@ async def test_the_watchdog_stops_a_worker_above_its_cap_and_only_above_it(rig: 
     rig.probe.bytes[rig.worker(rec).pid] = used
     rig.probe.bytes[rig.worker(calm).pid] = 100 * MiB
     rig.timers.fire_next()  # one watchdog sample
+    await rig.sup.watched()
     kills = rig.worker(rec).kills
     if stopped:
         assert len(kills) == 1 and kills[0].startswith("memory_cap_exceeded: ")
@@ -337,7 +338,7 @@ async def test_a_task_stopped_at_its_cap_is_restarted_only_as_often_as_memory_ca
     rec = rig.task(cap_bytes=10 * MiB)
     await rig.sup.start(rec)
     rig.probe.bytes[rig.worker(rec).pid] = 11 * MiB
-    rig.sup.check_memory()
+    await rig.sup.check_memory()
     rig.worker(rec).exit(-9)
     assert (rec.state, rec.restarts) == (state, restarts)
     assert "memory_cap_exceeded: 11 MiB in use, cap 10 MiB" in rec.reason

@@ -225,7 +225,7 @@ async def test_restarts_and_the_gave_up_count_agree_whatever_ended_each_worker(t
                 rig.sup.hang(rec.id, window_id=1)
             elif end == "memory":
                 rig.probe.bytes[worker.pid] = 11 * MiB
-                rig.sup.check_memory()
+                await rig.sup.check_memory()
             worker.exit(-9 if end in ("hang", "memory") else 1)
         if n < 3:
             restart = rig.timers.timers[-1]  # the backoff just set (the watchdog's next check is not due)
