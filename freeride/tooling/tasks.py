@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +38,45 @@ class NoopTask(IterativeTask):
 
     def step(self) -> None:
         time.sleep(self.step_s)
+
+
+class BallastTask(IterativeTask):
+    """Holds `mb` MiB of touched host memory in its worker and in each of `children` child processes (a
+    data-loader's shape): a resident task whose memory the watchdog samples each tick. Its steps are no-ops."""
+
+    def __init__(self, mb: int = 256, children: int = 0, step_us: float = 50.0) -> None:
+        self.nbytes = mb * 2**20
+        self.children = children
+        self.step_s = step_us / 1e6
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def setup(self) -> None:
+        self._ballast = _touched(self.nbytes)
+        n = self.nbytes
+        hold = (f"import sys; b = bytearray({n}); b[::4096] = b'x' * len(range(0, {n}, 4096)); "
+                "sys.stdout.write('held\\n'); sys.stdout.flush(); sys.stdin.read()")
+        for _ in range(self.children):  # each exits at its stdin's end of file: when this worker is gone
+            self._procs.append(subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE))
+        for proc in self._procs:
+            assert proc.stdout is not None
+            proc.stdout.readline()  # its memory is held
+
+    def step(self) -> None:
+        time.sleep(self.step_s)
+
+    def teardown(self) -> None:
+        for proc in self._procs:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait()
+
+
+def _touched(nbytes: int) -> bytearray:
+    """`nbytes` of memory with every page written (resident, not a lazily mapped zero page)."""
+    buf = bytearray(nbytes)
+    buf[::4096] = b"\x01" * len(range(0, nbytes, 4096))
+    return buf
 
 
 class MatmulTask(IterativeTask):

@@ -54,6 +54,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-us", type=float, default=50.0, help="the no-op task's step length")
     p.add_argument("--flood", type=int, default=0, metavar="EVENTS",
                    help="afterwards, send this many events as fast as possible and report agent memory")
+    p.add_argument("--ballast", type=int, default=0, metavar="TASKS",
+                   help="also run this many resident tasks holding host memory (never granted a window while the "
+                        "measured task can take it): the memory watchdog samples each of them every tick")
+    p.add_argument("--ballast-mb", type=int, default=256, metavar="MIB",
+                   help="memory each ballast process holds (touched)")
+    p.add_argument("--ballast-children", type=int, default=0, metavar="N",
+                   help="child processes each ballast task starts, each holding --ballast-mb too")
     p.add_argument("--trainer-cpus", metavar="LIST",
                    help="pin the synthetic trainer (this process, every thread) to these CPUs, e.g. 0")
     p.add_argument("--agent-cpus", metavar="LIST",
@@ -146,6 +153,9 @@ def _pinned(cpus: frozenset[int] | None) -> Iterator[None]:
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
+    if ns.ballast < 0 or ns.ballast_children < 0 or ns.ballast_mb < 1:
+        raise FreerideError("bench control: --ballast and --ballast-children must not be negative, "
+                            "--ballast-mb must be at least 1")
     _cpus(ns.trainer_cpus, "--trainer-cpus")
     _cpus(ns.agent_cpus, "--agent-cpus")
     return paths.run("control", ns, _run)
@@ -156,10 +166,13 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     agent_args = [*paths.AGENT_ARGS, *(["--agent-cpus", ns.agent_cpus] if ns.agent_cpus else [])]
     with AgentProcess(extra_args=agent_args) as agent, _pinned(trainer_cpus), agent.client() as client:
         assert agent.proc is not None
-        task = client.submit(
-            tasks_pb2.TaskSpec(name="noop", ref="freeride.tooling.tasks:NoopTask", args={"step_us": str(ns.step_us)})
-        )
-        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
+        task = client.submit(tasks_pb2.TaskSpec(name="noop", ref="freeride.tooling.tasks:NoopTask", priority=1,
+                                                args={"step_us": str(ns.step_us)}))
+        ballast = [client.submit(tasks_pb2.TaskSpec(  # priority 0: the noop task takes every window it fits
+            name=f"ballast-{i}", ref="freeride.tooling.tasks:BallastTask",
+            args={"mb": str(ns.ballast_mb), "children": str(ns.ballast_children)})) for i in range(ns.ballast)]
+        for t in [task, *ballast]:
+            wait_for_task(client, t.id, [tasks_pb2.TASK_STATE_READY], timeout_s=60.0)
         collector = WindowCollector(client)
         reporter = paths.connect("control", agent.target, path)
         # The floor first, with the reporter connected and idle: the same process, the same sleeps.
@@ -196,6 +209,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "benchmark": "control",
         "path": path,
         "bubbles": ns.bubbles, "bubble_ms": ns.bubble_ms, "compute_ms": ns.compute_ms, "step_us": ns.step_us,
+        "ballast": ns.ballast, "ballast_mb": ns.ballast_mb, "ballast_children": ns.ballast_children,
         "trainer_cpus": ns.trainer_cpus or "any", "agent_cpus": ns.agent_cpus or "any",
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
