@@ -96,6 +96,24 @@ def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     assert (r["trainer_cpus"], r["agent_cpus"]) == (str(cpus[0]), str(cpus[-1]))
 
 
+def test_ballast_tasks_stay_resident_beside_the_measured_one_holding_their_memory() -> None:
+    r = bench("control", "--bubbles", "20", "--ballast", "2", "--ballast-mb", "16", "--ballast-children", "1")
+    assert (r["ballast"], r["ballast_mb"], r["ballast_children"]) == (2, 16, 1)
+    assert r["events"] == 40 and 0 < r["windows"] <= 20
+    # Each ballast task: its worker and one child (held before it was READY), 16 MiB touched in each.
+    assert r["ballast_pss_mb"] >= 2 * 2 * 16
+
+
+@pytest.mark.parametrize("args", [["--ballast", "-1"], ["--ballast-children", "-1"], ["--ballast-mb", "0"]])
+def test_a_bad_ballast_is_one_line_before_anything_starts(args: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "freeride", "bench", "control", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "freeride: error: bench control: --ballast and --ballast-children must not be negative, "
+        "--ballast-mb must be at least 1"]
+
+
 @pytest.mark.parametrize(("flag", "whose"), [("--agent-cpus", "the agent's"), ("--trainer-cpus", "this machine's")])
 def test_a_cpu_the_bench_may_not_use_is_one_line_before_anything_starts(flag: str, whose: str) -> None:
     out = subprocess.run([sys.executable, "-m", "freeride", "bench", "control", flag, "4096"],

@@ -32,6 +32,7 @@ from freeride.client import AgentClient
 from freeride.core.cpu import allowed_cpus, parse_cpu_list, pin_threads
 from freeride.core.stats import percentile
 from freeride.errors import FreerideError
+from freeride.gpu.probe import pss_bytes
 from freeride.tooling.bench import paths, wakefloor
 from freeride.tooling.harness import (
     AgentProcess,
@@ -184,6 +185,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         _finish(reporter, client, collector)
         granted = len(collector.windows)
         stats = client.stats()
+        ballast_bytes = sum(pss_bytes(client.get(t.id).pid) for t in ballast)  # what the watchdog reads each tick
         rss_before = psutil.Process(agent.proc.pid).memory_info().rss
         flood_s = 0.0
         if ns.flood:
@@ -210,6 +212,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "path": path,
         "bubbles": ns.bubbles, "bubble_ms": ns.bubble_ms, "compute_ms": ns.compute_ms, "step_us": ns.step_us,
         "ballast": ns.ballast, "ballast_mb": ns.ballast_mb, "ballast_children": ns.ballast_children,
+        "ballast_pss_mb": round(ballast_bytes / 2**20, 1),
         "trainer_cpus": ns.trainer_cpus or "any", "agent_cpus": ns.agent_cpus or "any",
         "events": int(stats.gpu.events),
         "events_total": int(flood_stats.gpu.events),
