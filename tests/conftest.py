@@ -104,12 +104,22 @@ class BackgroundTrainer:
         self._reporter = BubbleReporter(agent.target, rank=rank)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ran = threading.Condition()
         self.iterations = 0
 
     def _run(self) -> None:
         while not self._stop.is_set():
             replay(self._reporter, self._iteration, lambda: self.free_bytes)
-            self.iterations += 1
+            with self._ran:
+                self.iterations += 1
+                self._ran.notify_all()
+
+    def wait_iterations(self, more: int, timeout_s: float = 30.0) -> bool:
+        """Block until `more` iterations past this call were reported (bubbles go on, whether or not the agent,
+        quiet while no task could take a window, grants any)."""
+        with self._ran:
+            target = self.iterations + more
+            return self._ran.wait_for(lambda: self.iterations >= target, timeout_s)
 
     def __enter__(self) -> BackgroundTrainer:
         assert self._reporter.wait_connected(10), "reporter did not connect"

@@ -47,7 +47,7 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
     with small_disk(tmp_path / "state", 24 * MiB) as state:
         agent = tagged_agent(state, extra_args=ARGS).start()
         try:
-            with agent.client() as c, WindowCollector(c) as windows, BackgroundTrainer(agent, [10.0]):
+            with agent.client() as c, WindowCollector(c) as windows, BackgroundTrainer(agent, [10.0]) as trainer:
                 # The chatty task prints 4 KiB a step, 200 steps: 3x the logs' total, which they never pass.
                 chatty = c.submit(S.TaskSpec(ref=ref("behaviours", "Prints"),
                                              args={"line_bytes": "4096", "steps": "200"})).id
@@ -68,7 +68,11 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
                 c.resume(later)  # its worker's window word cannot be created
                 wait_for_info(c, later, lambda t: t.reason.startswith(DISK_FULL + "its worker's files"), 30)
                 during = len(windows.windows)
-                assert windows.wait_for(during + 50, 30)  # bubbles go on meanwhile, well past a restart's backoff
+                # Bubbles go on meanwhile, well past a restart's backoff (the agent, with no task that could take a
+                # window, is quiet: it grants none, but counts them).
+                bubbles = c.stats().gpu.bubbles
+                assert trainer.wait_iterations(50, 30)
+                assert c.stats().gpu.bubbles >= bubbles + 50
                 for task_id, state_now in ((innocent, S.TASK_STATE_READY), (later, S.TASK_STATE_STARTING)):
                     t = c.get(task_id)
                     assert (t.state, t.restarts) == (state_now, 0), t  # waiting (no window): not FAILED, no restart
