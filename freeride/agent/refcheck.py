@@ -5,7 +5,7 @@ Python process importing the user's module: 200 concurrent submits must not mean
 the others wait their turn inside their Submit call. Each check runs in its own process group
 and is bounded by `timeout_s`; whether it ends, times out or its caller goes away, its whole
 group is killed. `close()` (agent shutdown) kills the groups of the checks still running, and a
-check kills itself when the agent dies (freeride.sdk.check asks the kernel for that).
+check kills itself when the agent dies (freeride.worker.check asks the kernel for that).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class RefChecks:
         self._closed = False
 
     async def check(self, spec: TaskSpec) -> dict[str, Any]:
-        """What `freeride.sdk.check` says of the task (kind, name, declared priority and cap); TaskRefError
+        """What `freeride.worker.check` says of the task (kind, name, declared priority and cap); TaskRefError
         if it cannot be imported, its arguments do not bind, its check_args refuses them (the error is the
         task's one line) or the check does not finish in time. User code never runs inside the agent."""
         self.queued += 1
@@ -77,7 +77,7 @@ class RefChecks:
         if self._closed:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "freeride.sdk.check", "--parent", str(os.getpid()), spec.ref,
+            sys.executable, "-m", "freeride.worker.check", "--parent", str(os.getpid()), spec.ref,
             "-",  # the arguments on stdin, not on a command line every user of the host can read
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             process_group=0, env=self._env,

@@ -141,7 +141,7 @@ class WorkerLauncher:
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
         window = WindowWriter()  # inherited by this worker alone: no other task can reach it
         word_fd, wake_fd = window.child_fds()
-        argv = [sys.executable, "-m", "freeride.sdk.worker", "--agent", self._target, "--task-id", task_id,
+        argv = [sys.executable, "-m", "freeride.worker", "--agent", self._target, "--task-id", task_id,
                 "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd)]
         name = f"task-{task_id}-{instance}-{os.getpid()}"
         group = self._cgroups.group(name) if self._cgroups else None

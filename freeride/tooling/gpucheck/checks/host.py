@@ -19,7 +19,7 @@ from freeride.tooling.gpucheck.model import FAKE_GPU_SPEC, MPS_CONTROL, CheckCon
 
 # freeride's parts that must import on this host (the agent needs grpcio-health-checking, pools need redis, ...)
 MODULES = ("freeride.agent.server", "freeride.cli.app", "freeride.client", "freeride.trainer.reporter",
-           "freeride.sdk.worker", "freeride.gpu.nvml", "freeride.tooling.harness")
+           "freeride.worker.process", "freeride.gpu.nvml", "freeride.tooling.harness")
 PACKAGES = ("torch", "numpy", "grpcio", "grpcio-health-checking", "protobuf", "nvidia-ml-py", "psutil", "redis",
             "scikit-learn", "scikit-image")
 HOOKED = ("_wait_batch_p2p", "_batch_p2p")  # what freeride.trainer.torch_pipelining wraps

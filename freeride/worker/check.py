@@ -1,4 +1,4 @@
-"""`python -m freeride.sdk.check REF [key=value ...]`: validate a task reference in a throwaway process.
+"""`python -m freeride.worker.check REF [key=value ...]`: validate a task reference in a throwaway process.
 
 The agent runs this before accepting a submission, so that user code is never imported into
 the agent itself: it loads the class, converts the arguments, and runs the task's `check_args`.
@@ -15,7 +15,7 @@ import sys
 
 from freeride.core.cpu import apply_from_env
 from freeride.errors import TaskRefError
-from freeride.sdk._loader import bind_args, kind_of, load_class
+from freeride.worker._loader import bind_args, kind_of, load_class
 
 
 def check(ref: str, args: dict[str, str]) -> dict[str, object]:

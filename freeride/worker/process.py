@@ -1,4 +1,4 @@
-"""The side-task worker process: `python -m freeride.sdk.worker --agent ADDR --task-id ID --instance N`.
+"""The side-task worker process: `python -m freeride.worker --agent ADDR --task-id ID --instance N`.
 
 Spawned by the agent, one per task. It attaches over one bidirectional gRPC stream, receives
 bubble windows through the window word (freeride.core.window), and decides locally, before every
@@ -32,12 +32,12 @@ from freeride.core.exits import NO_RESTART
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
-from freeride.sdk._loader import bind_args, load_class
-from freeride.sdk._progress import BoundedProgress
-from freeride.sdk.estimate import StepEstimator
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
+from freeride.worker._loader import bind_args, load_class
+from freeride.worker._progress import BoundedProgress
+from freeride.worker.estimate import StepEstimator
 
 log = logging.getLogger("freeride.worker")
 
@@ -789,6 +789,3 @@ def main(argv: list[str] | None = None) -> int:
     window = WindowReader(ns.window_word_fd, ns.window_fd)
     return Worker(ns.agent, ns.task_id, ns.instance, window).run()
 
-
-if __name__ == "__main__":
-    sys.exit(main())
