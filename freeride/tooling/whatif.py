@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from freeride.agent.events import Edge, Steps, WindowDone, WindowRecord
-from freeride.agent.model import Counters
-from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.domain.events import Edge, Steps, WindowDone, WindowRecord
+from freeride.agent.domain.model import Counters
 from freeride.v1 import trainer_pb2
 from freeride.worker.estimate import StepEstimator
 

@@ -11,7 +11,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from freeride.agent.convert import (
+from freeride.agent.domain.events import Control
+from freeride.agent.domain.model import TaskRecord
+from freeride.agent.domain.trainers import SHM, TrainerStream
+from freeride.agent.edge.bubble_checks import edge_ok, edge_problem, take_records
+from freeride.agent.edge.convert import (
     control_to_pb,
     declaration_from_pb,
     delete_to_pb,
@@ -26,13 +30,9 @@ from freeride.agent.convert import (
     task_to_pb,
     worker_message_from_pb,
 )
-from freeride.agent.core import Agent
-from freeride.agent.events import Control
-from freeride.agent.limits import edge_ok, edge_problem
-from freeride.agent.model import TaskRecord
-from freeride.agent.ring import RingChannel
-from freeride.agent.trainers import SHM, TrainerStream, take_records
-from freeride.agent.wire import Malformed, reject
+from freeride.agent.edge.ring import RingChannel
+from freeride.agent.edge.wire import Malformed, reject
+from freeride.agent.engine.core import Agent
 from freeride.core.ring import Record, ring_records
 from freeride.core.status import STATUS, abort_args
 from freeride.core.version import __version__
@@ -156,7 +156,7 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
 
 class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
     """One call per training rank. A rank on this host that says hello with `shared_memory` gets a ring
-    (freeride.agent.ring): from then on its edges arrive through it and the stream only carries liveness."""
+    (freeride.agent.edge.ring): from then on its edges arrive through it and the stream only carries liveness."""
 
     def __init__(self, agent: Agent) -> None:
         self._agent = agent

@@ -6,7 +6,7 @@ pipes at once (a selector, woken by the kernel when a worker writes and by a wak
 agent's requests; no polling) and appends what it reads to `task-N.log`. At `max_bytes` that file
 becomes `task-N.log.1` (replacing an older one) and a new one starts: at most 2x the cap per task,
 and the newest output (a traceback) always kept. All tasks' logs together stay under a total
-(`--log-total-bytes`, freeride.agent.logbudget): past it, the least recently written files go first.
+(`--log-total-bytes`, freeride.agent.procs.logbudget): past it, the least recently written files go first.
 What a worker wrote before it died (a segfault's last words) is still in its pipe: `drain` reads it
 before the agent looks at the log's last line.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from freeride.agent.logbudget import TaskLogBudget
+from freeride.agent.procs.logbudget import TaskLogBudget
 from freeride.core.private import create_private, private_dir
 
 log = logging.getLogger(__name__)

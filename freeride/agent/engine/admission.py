@@ -30,7 +30,7 @@ def admit(cap_bytes: int, reserved_bytes: int, usable: Callable[[], int | None])
     """"" if a task of this cap fits beside the caps already reserved, else the reason it waits.
 
     `usable` is asked only for a capped task: it may query the GPU. Each task's reservation is kept
-    with the task's runtime (freeride.agent.tasks), from admission until its worker exits."""
+    with the task's runtime (freeride.agent.engine.tasks), from admission until its worker exits."""
     limit = usable() if cap_bytes > 0 else None
     if limit is not None:
         free = limit - reserved_bytes

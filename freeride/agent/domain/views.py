@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from freeride.agent.events import BubbleSpan, TaskView, TrainerDeclaration, WindowRecord
-from freeride.agent.trainers import TrainerStream
+from freeride.agent.domain.events import BubbleSpan, TaskView, TrainerDeclaration, WindowRecord
+from freeride.agent.domain.trainers import TrainerStream
 from freeride.gpu.control import GpuSnapshot
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from freeride.agent.events import AgentEvent
+from freeride.agent.domain.events import AgentEvent
 
 _QUEUE_EVENTS = 4096
 

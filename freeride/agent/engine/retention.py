@@ -25,11 +25,11 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeride.agent.background import Background
-from freeride.agent.model import TERMINAL, TaskRecord, TaskState
-from freeride.agent.store import Store
-from freeride.agent.tasks import TaskTable
-from freeride.agent.timers import CallLater, TimerHandle
+from freeride.agent.domain.background import Background
+from freeride.agent.domain.model import TERMINAL, TaskRecord, TaskState
+from freeride.agent.domain.timers import CallLater, TimerHandle
+from freeride.agent.engine.tasks import TaskTable
+from freeride.agent.state.store import Store
 from freeride.core.units import format_duration
 from freeride.errors import InvalidSpecError, InvalidStateError
 

@@ -1,14 +1,14 @@
 """Worker processes: spawn one per task, learn of its exit as an event, kill it with its children.
 
-Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.cgroups) where the
+Containment: each worker runs in a cgroup v2 group of its own (freeride.agent.procs.cgroups) where the
 agent may create one; the whole group is killed when the worker exits or is killed, so nothing a task
 starts outlives it. Without cgroups, the worker's process group is killed, and what left it is found by
-the WORKER_MARK in its environment and by the record of the worker's process tree (freeride.agent.procs),
+the WORKER_MARK in its environment and by the record of the worker's process tree (freeride.agent.procs.records),
 which the memory watchdog's tick keeps up to date (`track`). Each worker's record is also how the next
 agent, after a `kill -9` of this one, finds and kills what the workers left (`reclaim`).
 Windows: each worker inherits its own window word and wake-up pipe (freeride.core.window) and nothing else
 of the agent's: a task cannot reach another task's windows.
-Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.logs).
+Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.procs.task_logs).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import psutil
 
-from freeride.agent.background import Background
-from freeride.agent.cgroups import CgroupTree
-from freeride.agent.logs import TaskLogs, log_path, rotated
-from freeride.agent.procs import ProcRecords, Procs, kill, tree, wait_exited
+from freeride.agent.domain.background import Background
+from freeride.agent.procs.cgroups import CgroupTree
+from freeride.agent.procs.records import ProcRecords, Procs, kill, tree, wait_exited
+from freeride.agent.procs.task_logs import TaskLogs, log_path, rotated
 from freeride.core.cpu import Placement
 from freeride.core.private import create_private, private_dir
 from freeride.core.window import WindowWriter

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from freeride.agent.model import Counters, TaskRecord
-from freeride.agent.registry import RegistryWriteError
-from freeride.agent.timers import CallLater, TimerHandle
+from freeride.agent.domain.model import Counters, TaskRecord
+from freeride.agent.domain.timers import CallLater, TimerHandle
+from freeride.agent.state.registry import RegistryWriteError
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
@@ -33,7 +33,7 @@ _FINAL_WRITE_ATTEMPTS = 3
 
 
 class Database(Protocol):
-    """What the store needs of the registry (freeride.agent.registry.Registry); used from its thread only."""
+    """What the store needs of the registry (freeride.agent.state.registry.Registry); used from its thread only."""
 
     def load(self) -> list[TaskRecord]: ...
     def load_ledger(self, gpu: int) -> Counters: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from freeride.agent.model import Counters
+from freeride.agent.domain.model import Counters
 
 
 class TrainingTime:

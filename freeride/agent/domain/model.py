@@ -82,7 +82,7 @@ class Counters:
     bubbles: int = 0
     bubble_ns: int = 0
     events: int = 0
-    training_ns: int = 0  # the GPU's alone: time with a trainer stream open (freeride.agent.training)
+    training_ns: int = 0  # the GPU's alone: time with a trainer stream open (freeride.agent.control.training)
 
     def add(self, other: Counters) -> None:
         for name in self.__dataclass_fields__:

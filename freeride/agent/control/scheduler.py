@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from freeride.agent.events import BubbleSpan, Edge, Share, Steps, WindowDone, WindowRecord
-from freeride.agent.histogram import Histogram
-from freeride.agent.model import Counters
-from freeride.agent.policy import Candidate, RecentUsage, choose
-from freeride.agent.predictor import MarginController, SlotPredictor
-from freeride.agent.timers import CallAt, Clock, TimerHandle
+from freeride.agent.control.histogram import Histogram
+from freeride.agent.control.policy import Candidate, RecentUsage, choose
+from freeride.agent.control.predictor import MarginController, SlotPredictor
+from freeride.agent.domain.events import BubbleSpan, Edge, Share, Steps, WindowDone, WindowRecord
+from freeride.agent.domain.model import Counters
+from freeride.agent.domain.timers import CallAt, Clock, TimerHandle
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.events import Control
-from freeride.agent.model import TaskRecord, TaskState, check_transition
-from freeride.agent.scheduler import WindowPort
+from freeride.agent.control.scheduler import WindowPort
+from freeride.agent.domain.events import Control
+from freeride.agent.domain.model import TaskRecord, TaskState, check_transition
 
 log = logging.getLogger("freeride.agent")
 
@@ -40,7 +40,7 @@ class Change(enum.Enum):
 
 
 class Worker(Protocol):
-    """A worker process as the engine sees it (freeride.agent.workers.WorkerProcess; fakes in tests)."""
+    """A worker process as the engine sees it (freeride.agent.procs.workers.WorkerProcess; fakes in tests)."""
 
     kill_reason: str  # why the agent killed it, once it did
     failure: str  # what the worker said when it failed

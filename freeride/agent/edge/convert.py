@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from freeride.agent.events import (
+from freeride.agent.domain.events import (
     AgentEvent,
     BubbleSpan,
     Checkpointed,
@@ -29,9 +29,9 @@ from freeride.agent.events import (
     WorkerMessage,
     WorkerSetup,
 )
-from freeride.agent.model import Counters, TaskSpec, TaskState
-from freeride.agent.retention import Removal
-from freeride.agent.views import GpuMemory, History, Stats
+from freeride.agent.domain.model import Counters, TaskSpec, TaskState
+from freeride.agent.domain.views import GpuMemory, History, Stats
+from freeride.agent.engine.retention import Removal
 from freeride.core.secrets import mask
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 

@@ -1,9 +1,9 @@
-"""Trainer streams: one record per connected training rank, and the edges taken from its ring.
+"""Trainer streams: one record per connected training rank.
 
-The gRPC servicer (freeride.agent.service) opens a `TrainerStream` per ReportBubbles call; if
-the trainer is on this host it also gets a ring (freeride.agent.ring) whose records come here
-to be checked exactly as the stream's messages are (freeride.agent.limits) before they become
-`Edge`s. `path` says which road the edges take, for `freeride stats` and /metrics.
+The gRPC servicer (freeride.agent.edge.service) opens a `TrainerStream` per ReportBubbles call; if
+the trainer is on this host it also gets a ring (freeride.agent.edge.ring) whose records are checked
+exactly as the stream's messages are (freeride.agent.edge.bubble_checks) before they become `Edge`s.
+`path` says which road the edges take, for `freeride stats` and /metrics.
 `RankClaims` keeps one stream per rank: the scheduler's bubbles are keyed by rank, and two trainers
 interleaving edges of one rank lost bubbles and opened more windows than there were bubbles.
 """
@@ -14,14 +14,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from freeride.agent.events import Edge
-from freeride.agent.limits import record_ok, record_problem
-from freeride.core.ring import EDGE_START, Record
-from freeride.v1 import trainer_pb2
-
 log = logging.getLogger("freeride.agent")
 
-_BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
 GRPC = "grpc"
 SHM = "shm"
 
@@ -88,19 +82,3 @@ class RankClaims:
             del self._holders[stream.rank]
             self._said = {said for said in self._said if said[0] != stream.rank}
 
-
-def take_records(
-    stream: TrainerStream, records: list[Record], now_ns: int, on_edge: Callable[[Edge], None]
-) -> int:
-    """Check ring records and pass on the good ones as edges; returns how many were rejected."""
-    rejected = 0
-    rank = stream.rank
-    for r in records:
-        if not record_ok(r, now_ns):
-            rejected += 1
-            stream.reject(record_problem(r, now_ns))
-            continue
-        stream.edges += 1
-        on_edge(Edge(r.edge == EDGE_START, r.kind != _BETWEEN_STEPS, rank, r.slot, r.iteration, r.time_ns,
-                     r.expected_duration_ns, r.free_memory_bytes, r.kind))
-    return rejected

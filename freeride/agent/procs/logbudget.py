@@ -23,7 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_LOG_NAME = re.compile(r"task-\d+\.log(\.1)?")  # a task's log and its rotated part (freeride.agent.logs)
+_LOG_NAME = re.compile(r"task-\d+\.log(\.1)?")  # a task's log and its rotated part (freeride.agent.procs.task_logs)
 
 
 @dataclass

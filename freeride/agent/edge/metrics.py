@@ -1,7 +1,7 @@
 """Prometheus `/metrics` for one agent: a collector that reads the agent's state at scrape time.
 
 Nothing is added to the bubble path: counters come from the ledger the scheduler keeps anyway,
-the bubble-length histogram from bucket counts the scheduler keeps (freeride.agent.histogram).
+the bubble-length histogram from bucket counts the scheduler keeps (freeride.agent.control.histogram).
 A scrape asks the agent's loop for one consistent snapshot (microseconds of loop time) and
 renders it in prometheus-client's HTTP thread, so rendering never blocks the loop.
 
@@ -25,15 +25,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from freeride.agent.config import ConfigError
-from freeride.agent.convert import stats_to_pb
-from freeride.agent.histogram import Histogram
-from freeride.agent.trainers import GRPC, SHM
+from freeride.agent.control.histogram import Histogram
+from freeride.agent.domain.trainers import GRPC, SHM
+from freeride.agent.edge.convert import stats_to_pb
 from freeride.core import disk
 from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
 
 if TYPE_CHECKING:
-    from freeride.agent.core import Agent
+    from freeride.agent.engine.core import Agent
 
 log = logging.getLogger("freeride.agent")
 

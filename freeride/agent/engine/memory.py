@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from freeride.agent.admission import usable_bytes
-from freeride.agent.views import GpuMemory
+from freeride.agent.domain.views import GpuMemory
+from freeride.agent.engine.admission import usable_bytes
 from freeride.gpu import GpuError, MemoryProbe
 from freeride.gpu.control import GpuControl, GpuSnapshot
 

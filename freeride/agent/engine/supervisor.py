@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.admission import admit, worker_slot
-from freeride.agent.background import Background
 from freeride.agent.config import AgentConfig
-from freeride.agent.events import (
+from freeride.agent.control.scheduler import Scheduler, TaskSlot
+from freeride.agent.domain.background import Background
+from freeride.agent.domain.events import (
     Checkpointed,
     Checkpointing,
     Control,
@@ -31,12 +31,12 @@ from freeride.agent.events import (
     WorkerMessage,
     WorkerSetup,
 )
-from freeride.agent.memory import MemoryGuard
-from freeride.agent.model import TaskRecord, TaskState
-from freeride.agent.scheduler import Scheduler, TaskSlot
-from freeride.agent.tasks import Outbox, TaskRuntime, TaskTable, Worker
-from freeride.agent.timers import CallLater, TimerHandle
-from freeride.agent.workers import describe_exit, last_log_line
+from freeride.agent.domain.model import TaskRecord, TaskState
+from freeride.agent.domain.timers import CallLater, TimerHandle
+from freeride.agent.engine.admission import admit, worker_slot
+from freeride.agent.engine.memory import MemoryGuard
+from freeride.agent.engine.tasks import Outbox, TaskRuntime, TaskTable, Worker
+from freeride.agent.procs.workers import describe_exit, last_log_line
 from freeride.core import disk
 from freeride.core.exits import NO_RESTART
 from freeride.core.units import format_seconds
@@ -52,7 +52,7 @@ _DISK_FULL = _WAITING + disk.WAIT_PREFIX  # the reason of a task that waits for 
 
 
 class Launcher(Protocol):
-    """Starts worker processes (freeride.agent.workers.WorkerLauncher; a fake in tests)."""
+    """Starts worker processes (freeride.agent.procs.workers.WorkerLauncher; a fake in tests)."""
 
     async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Worker, int], None],
                     env: dict[str, str] | None = None) -> Worker: ...

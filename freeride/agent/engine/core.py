@@ -22,7 +22,9 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping
 
 from freeride.agent.config import AgentConfig
-from freeride.agent.events import (
+from freeride.agent.control.scheduler import Scheduler, SchedulerConfig
+from freeride.agent.control.training import TrainingTime
+from freeride.agent.domain.events import (
     Edge,
     TaskChanged,
     TaskView,
@@ -33,21 +35,19 @@ from freeride.agent.events import (
     WorkerMessage,
     WorkerSetup,
 )
-from freeride.agent.logs import TaskLogs
-from freeride.agent.memory import MemoryGuard
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.pubsub import Hub
-from freeride.agent.refcheck import RefChecks, pinned_ref
-from freeride.agent.retention import Removal, Retention
-from freeride.agent.scheduler import Scheduler, SchedulerConfig
-from freeride.agent.store import Database, Store
-from freeride.agent.supervisor import Launcher, Supervisor
-from freeride.agent.tasks import Change, Outbox, TaskTable, copy_record
-from freeride.agent.timers import TimerHandle
-from freeride.agent.trainers import RankClaims, TrainerStream
-from freeride.agent.training import TrainingTime
-from freeride.agent.validation import check_spec
-from freeride.agent.views import GpuStats, History, Stats
+from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.domain.timers import TimerHandle
+from freeride.agent.domain.trainers import RankClaims, TrainerStream
+from freeride.agent.domain.views import GpuStats, History, Stats
+from freeride.agent.engine.memory import MemoryGuard
+from freeride.agent.engine.pubsub import Hub
+from freeride.agent.engine.refcheck import RefChecks, pinned_ref
+from freeride.agent.engine.retention import Removal, Retention
+from freeride.agent.engine.supervisor import Launcher, Supervisor
+from freeride.agent.engine.tasks import Change, Outbox, TaskTable, copy_record
+from freeride.agent.engine.validation import check_spec
+from freeride.agent.procs.task_logs import TaskLogs
+from freeride.agent.state.store import Database, Store
 from freeride.core.private import private_dir
 from freeride.core.stats import percentile
 from freeride.errors import InvalidStateError, TaskNotFoundError
@@ -87,7 +87,7 @@ class Agent:
         self._ranks = RankClaims()  # which of them reports each rank
         # Whether the trainers' rings wake the agent per edge: only while the edges can lead to a grant (a task
         # could take a window or holds one) or to an admission (a task waits for the trainer's free memory).
-        # Else the agent is quiet: the edges wait in the rings for the profile (see freeride.agent.ring).
+        # Else the agent is quiet: the edges wait in the rings for the profile (see freeride.agent.edge.ring).
         self.listening = False
         self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
         self.started_ns = clock()

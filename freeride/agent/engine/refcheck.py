@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from freeride.agent.model import TaskSpec
+from freeride.agent.domain.model import TaskSpec
 from freeride.errors import InvalidStateError, TaskRefError
 
 PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process

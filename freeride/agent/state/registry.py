@@ -1,7 +1,7 @@
 """The persistent task registry and harvest ledger: one SQLite file in the state directory.
 
 A task argument that holds a password is stored masked; its value lives in an owner-only file beside the
-database (freeride.agent.vault), written in the row's transaction and removed with the row.
+database (freeride.agent.state.vault), written in the row's transaction and removed with the row.
 
 Used from one thread only (the agent's database thread), so no locking here. WAL mode: a
 kill -9 loses at most the transaction in flight, never a committed one.
@@ -16,8 +16,8 @@ import sqlite3
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.vault import SecretFiles, split
+from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.state.vault import SecretFiles, split
 from freeride.core.private import create_private
 from freeride.errors import FreerideError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from freeride.agent.model import TaskSpec
+from freeride.agent.domain.model import TaskSpec
 from freeride.errors import InvalidSpecError
 
 MAX_NAME_CHARS = 128

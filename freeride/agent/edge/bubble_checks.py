@@ -1,16 +1,20 @@
-"""Bounds on the bubble edges trainers send: values outside them are mistakes or attacks, never bubbles.
+"""Checks of the bubble edges trainers send: values outside these bounds are mistakes or attacks, never bubbles.
 
 Checked at the gRPC edge, on the message itself, and on each record of a shared-memory ring (whose
-words are raw int64s: the slot and iteration are bounded here too). A bad edge is counted and
-dropped (a training stream is never ended for one bad edge). Task specs are bounded in
-freeride.agent.validation.
+words are raw int64s: the slot and iteration are bounded here too); a ring's good records become
+`Edge`s here (`take_records`). A bad edge is counted and dropped (a training stream is never ended
+for one bad edge). Task specs are bounded in
+freeride.agent.engine.validation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from freeride.core.ring import Record
+from freeride.agent.domain.events import Edge
+from freeride.agent.domain.trainers import TrainerStream
+from freeride.core.ring import EDGE_START, Record
 from freeride.v1 import trainer_pb2
 
 # Bubble edges are stamped with this host's CLOCK_MONOTONIC just before they are sent: one from the
@@ -22,6 +26,7 @@ MAX_FREE_MEMORY_BYTES = 1 << 50
 MAX_SLOT = (1 << 32) - 1  # the gRPC message's uint32
 EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
+_BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
 
 
 class EdgeFields(Protocol):
@@ -78,3 +83,20 @@ def record_problem(r: Record, now_ns: int) -> str:
     if r.iteration < 0:
         return f"iteration {r.iteration} is negative"
     return edge_problem(r, now_ns)
+
+
+def take_records(
+    stream: TrainerStream, records: list[Record], now_ns: int, on_edge: Callable[[Edge], None]
+) -> int:
+    """Check ring records and pass on the good ones as edges; returns how many were rejected."""
+    rejected = 0
+    rank = stream.rank
+    for r in records:
+        if not record_ok(r, now_ns):
+            rejected += 1
+            stream.reject(record_problem(r, now_ns))
+            continue
+        stream.edges += 1
+        on_edge(Edge(r.edge == EDGE_START, r.kind != _BETWEEN_STEPS, rank, r.slot, r.iteration, r.time_ns,
+                     r.expected_duration_ns, r.free_memory_bytes, r.kind))
+    return rejected

@@ -1,7 +1,7 @@
 """What flows through the agent's engine, in domain terms: bubble edges and worker messages in,
 accounted windows and live-view events out.
 
-No protobuf here: the servicers convert at the edge (freeride.agent.convert), so the scheduler,
+No protobuf here: the servicers convert at the edge (freeride.agent.edge.convert), so the scheduler,
 the supervisor and the task table never see a message class. The bubble edge is on the hot path:
 it is a NamedTuple, one cheap construction per edge.
 """
@@ -12,7 +12,7 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from freeride.agent.model import TaskRecord
+from freeride.agent.domain.model import TaskRecord
 
 
 # -- from trainers ---------------------------------------------------------------------------------
