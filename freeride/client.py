@@ -32,7 +32,7 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-# Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.refcheck), then for the check
+# Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.engine.refcheck), then for the check
 # itself (up to its --check-timeout-s, at most 40 s): its deadline exceeds both together.
 SUBMIT_TIMEOUT_S = 120.0
 

@@ -68,11 +68,11 @@ class Sampler:
             for p in [self._root, *self._root.children(recursive=True)]:
                 try:
                     rss += p.memory_info().rss
-                    cmd = " ".join(p.cmdline())
+                    cmd = p.cmdline()  # words: the worker is `-m freeride.worker`, the check `.worker.check`
                 except psutil.NoSuchProcess:
                     continue
-                workers += "freeride.sdk.worker" in cmd
-                checks += "freeride.sdk.check" in cmd
+                workers += "freeride.worker" in cmd
+                checks += "freeride.worker.check" in cmd
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
             self.peak_workers = max(self.peak_workers, workers)
             self.peak_checks = max(self.peak_checks, checks)

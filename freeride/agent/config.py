@@ -14,7 +14,7 @@ from freeride.core.paths import default_socket
 from freeride.core.units import parse_retention, parse_size
 from freeride.errors import FreerideError, InvalidSpecError
 
-# A submit's check may wait for a free slot (freeride.agent.refcheck.QUEUE_WAIT_S), then run up to
+# A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
 # --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
 MAX_CHECK_TIMEOUT_S = 40.0
 
@@ -45,12 +45,12 @@ class AgentConfig:
     # at most twice this on disk per task, the newest output always kept.
     log_max_bytes: int = 16 << 20
     # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
-    # the least recently written files are removed first (freeride.agent.logbudget). At least twice log_max_bytes.
+    # the least recently written files are removed first (freeride.agent.procs.logbudget). At least twice log_max_bytes.
     log_total_bytes: int = 1 << 30
     # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
     # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
     disk_warn_percent: int = 90
-    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.cgroups);
+    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.procs.cgroups);
     # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
     cgroups: str = "auto"
     # GPU layer (freeride.gpu): see docs/gpu.md

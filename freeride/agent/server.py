@@ -21,17 +21,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from freeride.agent import _systemd
-from freeride.agent.auth import TokenInterceptor
-from freeride.agent.cgroups import open_cgroups
 from freeride.agent.config import AgentConfig, ConfigError
-from freeride.agent.core import Agent
 from freeride.agent.doctor import log_failures
-from freeride.agent.logs import TaskLogs
-from freeride.agent.registry import Registry
-from freeride.agent.ring import remove_stale_rings
-from freeride.agent.service import BubbleServicer, TaskServicer, WorkerServicer
-from freeride.agent.wire import RejectMalformed
-from freeride.agent.workers import WorkerLauncher
+from freeride.agent.edge.auth import TokenInterceptor
+from freeride.agent.edge.ring import remove_stale_rings
+from freeride.agent.edge.service import BubbleServicer, TaskServicer, WorkerServicer
+from freeride.agent.edge.wire import RejectMalformed
+from freeride.agent.engine.core import Agent
+from freeride.agent.procs.cgroups import open_cgroups
+from freeride.agent.procs.task_logs import TaskLogs
+from freeride.agent.procs.workers import WorkerLauncher
+from freeride.agent.state.registry import Registry
 from freeride.core.auth import read_token
 from freeride.core.cpu import format_cpu_list, pin_threads
 from freeride.core.paths import file_kind
@@ -226,7 +226,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             stack.push_async_callback(tcp_server.stop, 1.0)
         metrics = None
         if config.metrics_port:
-            from freeride.agent.metrics import MetricsServer
+            from freeride.agent.edge.metrics import MetricsServer
 
             metrics = MetricsServer(agent, loop).start(config.metrics_addr, config.metrics_port)
             stack.callback(metrics.stop)

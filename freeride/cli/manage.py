@@ -1,7 +1,7 @@
 """Tasks in bulk: `cancel`, `pause`, `resume` of several ids (or --all), `rm` and `prune` of finished tasks.
 
 Each id is acted on by itself: every valid one is done, each refusal is one line on stderr, and the
-exit code is 2 if any was refused. Removal is the agent's (freeride.agent.retention): only finished
+exit code is 2 if any was refused. Removal is the agent's (freeride.agent.engine.retention): only finished
 tasks (DONE, FAILED, CANCELLED), with their checkpoint and logs.
 """
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from freeride.agent.model import TaskState
+from freeride.agent.domain.model import TaskState
 from freeride.cli import _agents
 from freeride.cli.common import UsageError, message_dict, print_json, printable
 from freeride.cli.multi import STATE_NAMES

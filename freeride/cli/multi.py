@@ -23,7 +23,7 @@ from freeride.v1 import tasks_pb2
 
 T = TypeVar("T")
 STATE_NAMES = {v: k.removeprefix("TASK_STATE_") for k, v in tasks_pb2.TaskState.items()}
-BUBBLE_PATHS = ("shm", "grpc")  # the roads a trainer's edges take (freeride.agent.trainers)
+BUBBLE_PATHS = ("shm", "grpc")  # the roads a trainer's edges take (freeride.agent.domain.trainers)
 
 
 def one_client(ns: argparse.Namespace) -> AgentClient:

@@ -1,7 +1,7 @@
 """Bearer tokens for TCP: read from a file, sent as `authorization` metadata on every call.
 
 Unix-socket callers need no token (the socket's file permissions are the control); over TCP the
-agent refuses every call that lacks the token (see freeride.agent.auth).
+agent refuses every call that lacks the token (see freeride.agent.edge.auth).
 """
 
 from __future__ import annotations

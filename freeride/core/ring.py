@@ -14,7 +14,7 @@ by someone else. The reader trusts `head` only within one ring of its tail, and 
 newest record proves it, so a scribbler can cost edges (counted) but never stall or derail it. Nothing is allocated and
 nothing blocks in the hook: a full ring drops the edge and counts it in the header.
 
-Wake-ups go through an eventfd the agent hands over (see `freeride.agent.ring`). The agent
+Wake-ups go through an eventfd the agent hands over (see `freeride.agent.edge.ring`). The agent
 marks in `sleep` an odd generation while it waits for edges (even while it is awake and reading,
 or quiet); the trainer writes the eventfd after an edge only if the word is odd, or if the edge
 found half the ring unread. Quiet is for an agent with nothing to grant (no task could use a

@@ -1,6 +1,6 @@
 """The agent API's status codes and the errors they stand for, both ways: one table, read by both edges.
 
-The servicers (freeride.agent.service) turn a domain error into its code with `abort_args`: the code,
+The servicers (freeride.agent.edge.service) turn a domain error into its code with `abort_args`: the code,
 the error's message as the details, and the error's class name in the trailing metadata (`ERROR_KEY`),
 so that two errors sharing a code (TaskRefError and InvalidSpecError: INVALID_ARGUMENT) come back apart.
 The client (freeride.client) turns any failed call back into a FreerideError with `error_of`: the class
@@ -33,7 +33,7 @@ STATUS: dict[type[FreerideError], grpc.StatusCode] = {
     TaskNotFoundError: grpc.StatusCode.NOT_FOUND,
     InvalidStateError: grpc.StatusCode.FAILED_PRECONDITION,
 }
-# The inverse, for a code whose metadata names no class (a request gRPC or freeride.agent.wire refused as
+# The inverse, for a code whose metadata names no class (a request gRPC or freeride.agent.edge.wire refused as
 # malformed: INVALID_ARGUMENT), and for the codes that mean no agent answered.
 ERROR_OF: dict[grpc.StatusCode, type[FreerideError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidSpecError,

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from freeride.agent.events import Edge, Steps, WindowDone, WindowRecord
-from freeride.agent.model import Counters
-from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot
-from freeride.sdk.estimate import StepEstimator
+from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.domain.events import Edge, Steps, WindowDone, WindowRecord
+from freeride.agent.domain.model import Counters
 from freeride.v1 import trainer_pb2
+from freeride.worker.estimate import StepEstimator
 
 LEARN_ITERATIONS = 2  # the first iterations of a replay teach the predictor; the share is measured after them
 GRANT_LATENCY_NS = 150_000  # START -> the worker runs: the grant's p50 over the ring on a 2-core VM (benchmarks.md)
@@ -109,7 +109,7 @@ class _Timer:
 
 
 class _Worker:
-    """The worker's step gate (freeride.sdk.worker) on the fake clock; the scheduler's WindowPort."""
+    """The worker's step gate (freeride.worker.process) on the fake clock; the scheduler's WindowPort."""
 
     def __init__(self, clock: _Clock, steps: Iterator[int], grant_latency_ns: int) -> None:
         self.scheduler: Scheduler | None = None

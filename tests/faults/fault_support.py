@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 from conftest import FAST, wait_gone
 
-from freeride.agent.model import Counters
-from freeride.agent.registry import Registry
+from freeride.agent.domain.model import Counters
+from freeride.agent.state.registry import Registry
 from freeride.client import AgentClient
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess

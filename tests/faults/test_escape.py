@@ -24,8 +24,8 @@ import pytest
 from conftest import FAST, BackgroundTrainer
 from fault_support import ref, wait_gone
 
-from freeride.agent.cgroups import open_cgroups
-from freeride.agent.procs import ProcRecords
+from freeride.agent.procs.cgroups import open_cgroups
+from freeride.agent.procs.records import ProcRecords
 from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 

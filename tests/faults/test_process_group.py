@@ -16,7 +16,7 @@ import pytest
 from conftest import BackgroundTrainer
 from fault_support import ref, wait_gone
 
-from freeride.agent.workers import WORKER_MARK
+from freeride.agent.procs.workers import WORKER_MARK
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2

@@ -32,7 +32,7 @@ def _workers(agent: AgentProcess) -> int:
     alive = 0
     for child in psutil.Process(agent.proc.pid).children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "freeride.sdk.worker" in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and "freeride.worker" in child.cmdline():
                 alive += 1
         except psutil.NoSuchProcess:
             continue

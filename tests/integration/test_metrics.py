@@ -16,8 +16,8 @@ from conftest import FAST, bubbles, drive, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from freeride.agent.histogram import Histogram
-from freeride.agent.metrics import Snapshot, families
+from freeride.agent.control.histogram import Histogram
+from freeride.agent.edge.metrics import Snapshot, families
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task, wait_for_trainers
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2

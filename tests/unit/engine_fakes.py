@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from freeride.agent.config import AgentConfig
-from freeride.agent.memory import MemoryGuard
-from freeride.agent.model import TaskRecord, TaskSpec, TaskState
-from freeride.agent.offload import Offload
-from freeride.agent.scheduler import Scheduler, SchedulerConfig
-from freeride.agent.supervisor import Supervisor
-from freeride.agent.tasks import Change, TaskTable
+from freeride.agent.control.scheduler import Scheduler, SchedulerConfig
+from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.engine.memory import MemoryGuard
+from freeride.agent.engine.offload import Offload
+from freeride.agent.engine.supervisor import Supervisor
+from freeride.agent.engine.tasks import Change, TaskTable
 from freeride.gpu.control import cpu_only
 
 MiB = 2**20

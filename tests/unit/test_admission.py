@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeride.agent.admission import admit, usable_bytes
+from freeride.agent.engine.admission import admit, usable_bytes
 
 GiB = 2**30
 MiB = 2**20

@@ -8,7 +8,7 @@ import logging
 import pytest
 from engine_fakes import in_loop
 
-from freeride.agent.background import Background
+from freeride.agent.domain.background import Background
 
 
 @in_loop

@@ -1,4 +1,4 @@
-"""freeride.agent.cgroups against the host's real cgroup v2 tree (skipped where it is not writable),
+"""freeride.agent.procs.cgroups against the host's real cgroup v2 tree (skipped where it is not writable),
 and its parsing against made-up /proc files."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.cgroups import CgroupTree, open_cgroups, own_group, v2_mount
+from freeride.agent.procs.cgroups import CgroupTree, open_cgroups, own_group, v2_mount
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -85,7 +85,7 @@ def test_a_delegated_cgroup_gets_an_agent_leaf_and_a_workers_tree(base: Path, tm
     mount = v2_mount()
     assert mount is not None
     (tmp_path / "cgroup").write_text(f"0::/{base.relative_to(mount)}\n")
-    code = ("import json, sys; from pathlib import Path; from freeride.agent.cgroups import open_cgroups; "
+    code = ("import json, sys; from pathlib import Path; from freeride.agent.procs.cgroups import open_cgroups; "
             "t, why = open_cgroups(Path(sys.argv[1]), proc_cgroup=Path(sys.argv[2])); "
             "print(json.dumps([str(t.root) if t else None, why, open('/proc/self/cgroup').read()]))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state"), str(tmp_path / "cgroup")],

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 import freeride
-from freeride.agent.service import TaskServicer
+from freeride.agent.edge.service import TaskServicer
 from freeride.core.status import ERROR_KEY, ERROR_OF, STATUS, abort_args, error_of
 from freeride.errors import (
     AgentCallError,
@@ -61,7 +61,7 @@ def test_every_error_a_servicer_answers_maps_back_to_its_class_and_message(cls: 
 def test_every_code_the_servicers_emit_has_a_class_of_that_code_without_metadata() -> None:
     for code in set(STATUS.values()):
         cls = ERROR_OF[code]
-        assert STATUS[cls] == code  # e.g. a request freeride.agent.wire refused as malformed: InvalidSpecError
+        assert STATUS[cls] == code  # e.g. a request freeride.agent.edge.wire refused as malformed: InvalidSpecError
         assert type(error_of(_Refused(code, "why"), "unix:/x.sock")) is cls
 
 
@@ -101,7 +101,7 @@ class _Silence:
 
 
 class _Refusing:
-    """The agent's front (freeride.agent.core.Agent) as TaskServicer uses it for Get, Logs and Watch: it
+    """The agent's front (freeride.agent.engine.core.Agent) as TaskServicer uses it for Get, Logs and Watch: it
     refuses Get and Logs with `error`, and has no events."""
 
     def __init__(self) -> None:

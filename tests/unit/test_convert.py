@@ -1,21 +1,10 @@
-"""Specification of the edge between messages and the engine's domain types (freeride.agent.convert)."""
+"""Specification of the edge between messages and the engine's domain types (freeride.agent.edge.convert)."""
 
 from __future__ import annotations
 
 import pytest
 
-from freeride.agent.convert import (
-    control_to_pb,
-    declaration_from_pb,
-    declaration_to_pb,
-    edge_from_pb,
-    event_to_pb,
-    gpu_memory_to_pb,
-    task_to_pb,
-    window_to_pb,
-    worker_message_from_pb,
-)
-from freeride.agent.events import (
+from freeride.agent.domain.events import (
     Control,
     Edge,
     Share,
@@ -27,8 +16,19 @@ from freeride.agent.events import (
     WindowDone,
     WindowRecord,
 )
-from freeride.agent.model import TaskRecord, TaskSpec, TaskState
-from freeride.agent.views import GpuMemory
+from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.domain.views import GpuMemory
+from freeride.agent.edge.convert import (
+    control_to_pb,
+    declaration_from_pb,
+    declaration_to_pb,
+    edge_from_pb,
+    event_to_pb,
+    gpu_memory_to_pb,
+    task_to_pb,
+    window_to_pb,
+    worker_message_from_pb,
+)
 from freeride.v1 import tasks_pb2, trainer_pb2, worker_pb2
 
 

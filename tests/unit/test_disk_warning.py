@@ -10,9 +10,9 @@ from pathlib import Path
 
 from disk_support import fill, small_disk
 
+from freeride.agent.control.histogram import Histogram
 from freeride.agent.doctor import OK, WARN, disk_check
-from freeride.agent.histogram import Histogram
-from freeride.agent.metrics import Snapshot, families
+from freeride.agent.edge.metrics import Snapshot, families
 from freeride.core import disk
 from freeride.v1 import tasks_pb2
 

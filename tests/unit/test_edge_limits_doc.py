@@ -1,5 +1,5 @@
-"""The docs state the bubble-edge time limits the agent applies (freeride/agent/limits.py), in each place they
-name them: architecture.md once said "an hour away" while the code allowed 60 s back and 1 s ahead."""
+"""The docs state the bubble-edge time limits the agent applies (freeride/agent/edge/bubble_checks.py), in each
+place they name them: architecture.md once said "an hour away" while the code allowed 60 s back and 1 s ahead."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.limits import MAX_EDGE_AGE_NS, MAX_EDGE_LEAD_NS
+from freeride.agent.edge.bubble_checks import MAX_EDGE_AGE_NS, MAX_EDGE_LEAD_NS
 
 ROOT = Path(__file__).resolve().parents[2]
 

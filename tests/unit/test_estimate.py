@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeride.sdk.estimate import StepEstimator
+from freeride.worker.estimate import StepEstimator
 
 
 def test_no_estimate_before_any_sample() -> None:

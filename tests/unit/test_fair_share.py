@@ -7,9 +7,9 @@ from collections import Counter
 
 from test_scheduler import MARGIN, MS, FakePort, Harness
 
-from freeride.agent.model import Counters
-from freeride.agent.policy import RecentUsage
-from freeride.agent.scheduler import TaskSlot
+from freeride.agent.control.policy import RecentUsage
+from freeride.agent.control.scheduler import TaskSlot
+from freeride.agent.domain.model import Counters
 
 S = 1_000 * MS
 HALF_LIFE = 30 * S  # the scheduler's default

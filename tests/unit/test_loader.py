@@ -11,8 +11,8 @@ import pytest
 
 from freeride import ImperativeTask, IterativeTask
 from freeride.errors import TaskRefError
-from freeride.sdk._loader import bind_args, kind_of, load_class
-from freeride.sdk.check import check, main
+from freeride.worker._loader import bind_args, kind_of, load_class
+from freeride.worker.check import check, main
 
 TASK_SOURCE = textwrap.dedent(
     """

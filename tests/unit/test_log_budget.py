@@ -1,4 +1,4 @@
-"""The task logs' total budget (freeride.agent.logbudget): the least recently written output goes first.
+"""The task logs' total budget (freeride.agent.procs.logbudget): the least recently written output goes first.
 
 In-process: real files in a temp dir, a clock the test sets; then the real log writer thread with pipes
 written here standing in for workers.
@@ -10,8 +10,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from freeride.agent.logbudget import TaskLogBudget
-from freeride.agent.logs import TaskLogs, rotated
+from freeride.agent.procs.logbudget import TaskLogBudget
+from freeride.agent.procs.task_logs import TaskLogs, rotated
 
 
 def _file(path: Path, size: int, mtime_s: int) -> Path:

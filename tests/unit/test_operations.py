@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.auth import LogBudget
 from freeride.agent.config import AgentConfig, ConfigError, env_defaults
-from freeride.agent.histogram import Histogram
+from freeride.agent.control.histogram import Histogram
+from freeride.agent.edge.auth import LogBudget
 from freeride.agent.server import _access_warning
 from freeride.core.auth import TokenError, read_token
 

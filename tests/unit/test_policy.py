@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from freeride.agent.policy import Candidate, choose
+from freeride.agent.control.policy import Candidate, choose
 
 MS = 1_000_000
 

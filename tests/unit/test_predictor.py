@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freeride.agent.predictor import MarginController, SlotPredictor
+from freeride.agent.control.predictor import MarginController, SlotPredictor
 
 MS = 1_000_000
 WARMUP = 1 * MS  # the skipped first observation; it would be the minimum if it counted

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from freeride.sdk._progress import DROPPED, MAX_KEY_CHARS, MAX_KEYS, BoundedProgress
+from freeride.worker._progress import DROPPED, MAX_KEY_CHARS, MAX_KEYS, BoundedProgress
 
 
 def test_a_small_progress_goes_as_it_is_and_nothing_is_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,4 +1,4 @@
-"""The submit's reference check (freeride.agent.refcheck) with a real check process."""
+"""The submit's reference check (freeride.agent.engine.refcheck) with a real check process."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.model import TaskSpec
-from freeride.agent.refcheck import RefChecks
+from freeride.agent.domain.model import TaskSpec
+from freeride.agent.engine.refcheck import RefChecks
 from freeride.errors import InvalidStateError
 
 HANGS = '''

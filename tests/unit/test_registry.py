@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.registry import SCHEMA_VERSION, Registry, RegistryError
+from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.state.registry import SCHEMA_VERSION, Registry, RegistryError
 from freeride.errors import FreerideError
 
 

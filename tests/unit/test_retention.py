@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from engine_fakes import ManualTimers, in_loop
 
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.registry import Registry, RegistryWriteError
-from freeride.agent.retention import Retention, expired, next_pass_s, regular_files, task_files
-from freeride.agent.store import Store
-from freeride.agent.tasks import TaskRuntime, TaskTable
+from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.engine.retention import Retention, expired, next_pass_s, regular_files, task_files
+from freeride.agent.engine.tasks import TaskRuntime, TaskTable
+from freeride.agent.state.registry import Registry, RegistryWriteError
+from freeride.agent.state.store import Store
 from freeride.core.units import format_duration, parse_duration, parse_retention
 from freeride.errors import InvalidSpecError, InvalidStateError
 

@@ -4,7 +4,7 @@ The writer and the reader run in this process on the same mmap, each through its
 trainer and the agent do through their own mappings of the agent's file. Faults are injected by
 writing the mapping directly: a record whose commit word never landed (a trainer killed mid-write),
 a wrong check word, a scribbled tail, random bytes everywhere. Last, the agent's end of a ring
-(freeride.agent.ring.RingChannel) on an event loop of this process.
+(freeride.agent.edge.ring.RingChannel) on an event loop of this process.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.limits import record_ok
-from freeride.agent.ring import RingChannel
+from freeride.agent.edge.bubble_checks import record_ok
+from freeride.agent.edge.ring import RingChannel
 from freeride.core.ring import (
     DEFAULT_RECORDS,
     EDGE_END,

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 from engine_fakes import Timer as FakeTimer
 
-from freeride.agent.events import Edge, Steps, WindowDone, WindowRecord
-from freeride.agent.model import Counters
-from freeride.agent.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.domain.events import Edge, Steps, WindowDone, WindowRecord
+from freeride.agent.domain.model import Counters
 
 MS = 1_000_000
 US = 1_000
@@ -606,7 +606,7 @@ def test_history_since_keeps_only_what_ended_later(h: Harness) -> None:
 
 
 def test_history_is_bounded(h: Harness) -> None:
-    from freeride.agent.scheduler import HISTORY_BUBBLES
+    from freeride.agent.control.scheduler import HISTORY_BUBBLES
 
     h.learn(iterations=HISTORY_BUBBLES + 10)
     bubbles, _ = h.sched.history()

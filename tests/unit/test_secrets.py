@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from freeride.core.secrets import mask
-from freeride.sdk.check import main
+from freeride.worker.check import main
 
 
 @pytest.mark.parametrize(("text", "shown"), [

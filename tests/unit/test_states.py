@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from freeride.agent.model import _ALLOWED, Counters, TaskState, check_transition
+from freeride.agent.domain.model import _ALLOWED, Counters, TaskState, check_transition
 from freeride.errors import FreerideError, InvalidStateError
 
 S = TaskState

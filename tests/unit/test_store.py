@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from engine_fakes import ManualTimers, in_loop
 
-from freeride.agent.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.registry import RegistryWriteError
-from freeride.agent.store import Store
-from freeride.agent.tasks import TaskTable
+from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
+from freeride.agent.engine.tasks import TaskTable
+from freeride.agent.state.registry import RegistryWriteError
+from freeride.agent.state.store import Store
 from freeride.errors import InvalidStateError
 
 DISK_FULL = "writing /state/freeride.db failed: database or disk is full"

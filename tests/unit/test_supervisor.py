@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from engine_fakes import FakeWorker, MiB, Rig, in_loop
 
-from freeride.agent.events import Control, Edge, Ready, Waiting, WindowDone
-from freeride.agent.model import TaskRecord, TaskState
-from freeride.agent.tasks import Change
+from freeride.agent.domain.events import Control, Edge, Ready, Waiting, WindowDone
+from freeride.agent.domain.model import TaskRecord, TaskState
+from freeride.agent.engine.tasks import Change
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from engine_fakes import MiB, Rig, in_loop
 from test_supervisor import STOPS, attach, bubble, grants, ready_task
 
-from freeride.agent.events import Checkpointing, Control, Failed, Ready, WindowDone
-from freeride.agent.model import TaskState
+from freeride.agent.domain.events import Checkpointing, Control, Failed, Ready, WindowDone
+from freeride.agent.domain.model import TaskState
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from pathlib import Path
 from engine_fakes import MiB, Rig, in_loop
 from test_supervisor import bubble, grants
 
-from freeride.agent.events import Ready
-from freeride.agent.model import TaskState
-from freeride.agent.offload import ThreadOffload
+from freeride.agent.domain.events import Ready
+from freeride.agent.domain.model import TaskState
+from freeride.agent.engine.offload import ThreadOffload
 
 _DEADLINE_S = 10.0  # bound on every wait here: a broken watchdog fails the test rather than hanging it
 

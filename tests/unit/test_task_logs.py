@@ -1,4 +1,4 @@
-"""Task logs in-process: pipes written here stand in for workers (freeride.agent.logs)."""
+"""Task logs in-process: pipes written here stand in for workers (freeride.agent.procs.task_logs)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent import logs as logs_module
-from freeride.agent.logs import TaskLogs, rotated
-from freeride.agent.workers import last_log_line
+from freeride.agent.procs import task_logs as logs_module
+from freeride.agent.procs.task_logs import TaskLogs, rotated
+from freeride.agent.procs.workers import last_log_line
 
 
 @pytest.fixture

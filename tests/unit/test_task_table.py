@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from engine_fakes import FakeWorker, MiB, in_loop
 
-from freeride.agent.events import Control
-from freeride.agent.model import TaskRecord, TaskSpec, TaskState
-from freeride.agent.tasks import Change, TaskTable
+from freeride.agent.domain.events import Control
+from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.engine.tasks import Change, TaskTable
 from freeride.errors import InvalidStateError
 
 

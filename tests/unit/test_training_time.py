@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from freeride.agent.model import Counters
-from freeride.agent.training import TrainingTime
+from freeride.agent.control.training import TrainingTime
+from freeride.agent.domain.model import Counters
 
 
 class Clock:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from freeride.agent.model import TaskSpec
-from freeride.agent.validation import MIN_MEM_BYTES, check_spec
+from freeride.agent.domain.model import TaskSpec
+from freeride.agent.engine.validation import MIN_MEM_BYTES, check_spec
 from freeride.errors import InvalidSpecError
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from engine_fakes import Rig, in_loop
 
-from freeride.agent.admission import worker_slot
-from freeride.agent.model import TaskState
+from freeride.agent.domain.model import TaskState
+from freeride.agent.engine.admission import worker_slot
 
 QUEUED = "queued: 2 workers resident (--max-workers 2)"
 

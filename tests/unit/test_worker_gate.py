@@ -14,8 +14,9 @@ import pytest
 
 from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
-from freeride.sdk.estimate import StepEstimator
-from freeride.sdk.worker import (
+from freeride.v1 import worker_pb2 as pb
+from freeride.worker.estimate import StepEstimator
+from freeride.worker.process import (
     _MIN_RETRY_S,
     _PROBE_AFTER_WINDOWS,
     _Gate,
@@ -24,7 +25,6 @@ from freeride.sdk.worker import (
     _Shared,
     backoff_delays,
 )
-from freeride.v1 import worker_pb2 as pb
 
 
 class Harness:

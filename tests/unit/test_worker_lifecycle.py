@@ -19,8 +19,8 @@ from test_worker_gate import Harness
 
 from freeride import TaskStop
 from freeride.core.window import WindowReader, WindowWriter
-from freeride.sdk.worker import Worker
 from freeride.v1 import worker_pb2 as pb
+from freeride.worker.process import Worker
 
 
 def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_before_the_checkpoint(
@@ -36,8 +36,8 @@ def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_bef
 
 # -- bug 5: the worker's own peak memory, not its parent's ------------------------------------------
 _REPORT_PEAK = """
-from freeride.sdk.estimate import StepEstimator
-from freeride.sdk.worker import _Gate, _Shared
+from freeride.worker.estimate import StepEstimator
+from freeride.worker.process import _Gate, _Shared
 sent = []
 gate = _Gate(_Shared(), sent.append, StepEstimator(), lambda force: None)
 gate._flush_steps()

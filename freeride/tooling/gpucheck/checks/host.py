@@ -19,7 +19,7 @@ from freeride.tooling.gpucheck.model import FAKE_GPU_SPEC, MPS_CONTROL, CheckCon
 
 # freeride's parts that must import on this host (the agent needs grpcio-health-checking, pools need redis, ...)
 MODULES = ("freeride.agent.server", "freeride.cli.app", "freeride.client", "freeride.trainer.reporter",
-           "freeride.sdk.worker", "freeride.gpu.nvml", "freeride.tooling.harness")
+           "freeride.worker.process", "freeride.gpu.nvml", "freeride.tooling.harness")
 PACKAGES = ("torch", "numpy", "grpcio", "grpcio-health-checking", "protobuf", "nvidia-ml-py", "psutil", "redis",
             "scikit-learn", "scikit-image")
 HOOKED = ("_wait_batch_p2p", "_batch_p2p")  # what freeride.trainer.torch_pipelining wraps
@@ -132,9 +132,9 @@ def _nvml(index: int) -> dict[str, Any]:
 def _cgroup() -> dict[str, Any]:
     """Whether this process may create (and remove) a cgroup v2 group beside itself, as the agent would."""
     try:
-        from freeride.agent.cgroups import own_group, v2_mount
+        from freeride.agent.procs.cgroups import own_group, v2_mount
     except Exception as exc:  # the agent's package does not import here: said in "imports" too
-        return {"writable": False, "error": f"freeride.agent.cgroups does not import: {exc}"}
+        return {"writable": False, "error": f"freeride.agent.procs.cgroups does not import: {exc}"}
     mount, group = v2_mount(), own_group()
     out: dict[str, Any] = {"v2_mount": str(mount) if mount else None, "own_group": group, "writable": False}
     if mount is None or group is None:

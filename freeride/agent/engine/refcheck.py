@@ -1,0 +1,133 @@
+"""The reference check at submit: import the task in a throwaway process, never in the agent.
+
+`RefChecks` owns every check process the agent runs. At most `parallel` run at once (each is a
+Python process importing the user's module: 200 concurrent submits must not mean 200 of them);
+the others wait their turn inside their Submit call. Each check runs in its own process group
+and is bounded by `timeout_s`; whether it ends, times out or its caller goes away, its whole
+group is killed. `close()` (agent shutdown) kills the groups of the checks still running, and a
+check kills itself when the agent dies (freeride.worker.check asks the kernel for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from freeride.agent.domain.model import TaskSpec
+from freeride.errors import InvalidStateError, TaskRefError
+
+PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
+# How long a submit waits for a free slot: a burst of 200 submits on a busy 2-core host took ~20-80 s to check
+# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 120 s) exceeds
+# this plus the longest --check-timeout-s (40 s).
+QUEUE_WAIT_S = 60.0
+_PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
+
+
+def pinned_ref(ref: str) -> str:
+    """A file reference (`path/file.py:Class`) with its path resolved (symlinks too) as it stands at submit, so
+    that the check and every later worker start load the same file: swapping a symlinked directory afterwards
+    does not swap the task's code. Any other reference comes back as given. The file's own content is not
+    pinned: an edit to it takes effect at the task's next worker start (docs/sidetasks.md)."""
+    path, sep, cls = ref.rpartition(":")
+    if not (sep and path.endswith(".py")):
+        return ref
+    return f"{os.path.realpath(path)}:{cls}"
+
+
+class RefChecks:
+    def __init__(self, timeout_s: float, parallel: int = PARALLEL_CHECKS, queue_wait_s: float = QUEUE_WAIT_S,
+                 placement_env: Mapping[str, str] | None = None) -> None:
+        """`placement_env`: the workers' CPU placement (Placement.to_env()), which each check applies to itself
+        before it imports the task: checking a submit costs training no more than a worker does."""
+        self.timeout_s = timeout_s
+        self._env = {**os.environ, **placement_env} if placement_env else None
+        self._queue_wait_s = queue_wait_s
+        self._slots = asyncio.Semaphore(parallel)
+        self._running: set[int] = set()  # process group ids of the checks running now
+        self.queued = 0  # submits waiting for a free slot
+        self._closed = False
+
+    async def check(self, spec: TaskSpec) -> dict[str, Any]:
+        """What `freeride.worker.check` says of the task (kind, name, declared priority and cap); TaskRefError
+        if it cannot be imported, its arguments do not bind, its check_args refuses them (the error is the
+        task's one line) or the check does not finish in time. User code never runs inside the agent."""
+        self.queued += 1
+        try:
+            async with asyncio.timeout(self._queue_wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise InvalidStateError(
+                f"the agent is busy checking other submissions ({self.queued} waiting); submit again shortly"
+            ) from None
+        finally:
+            self.queued -= 1
+        try:
+            return await self._run(spec)
+        finally:
+            self._slots.release()
+
+    async def _run(self, spec: TaskSpec) -> dict[str, Any]:
+        if self._closed:
+            raise InvalidStateError("the agent is shutting down; submit again once it is back")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "freeride.worker.check", "--parent", str(os.getpid()), spec.ref,
+            "-",  # the arguments on stdin, not on a command line every user of the host can read
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            process_group=0, env=self._env,
+        )
+        self._running.add(proc.pid)
+        io = asyncio.ensure_future(proc.communicate(json.dumps(spec.args).encode()))
+        timed_out = False
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+        finally:  # also when the caller went away: the check and whatever it started go with it
+            self._running.discard(proc.pid)
+            _kill_group(proc.pid)
+            try:
+                out, err = await asyncio.wait_for(io, _PIPES_AFTER_EXIT_S)
+            except TimeoutError:
+                out, err = b"", b""
+        if self._closed and proc.returncode != 0:  # killed by close(): its silence is no verdict on the task
+            raise InvalidStateError("the agent is shutting down; submit again once it is back")
+        if timed_out:
+            module = spec.ref.rpartition(":")[0] or spec.ref
+            raise TaskRefError(
+                f"importing {module!r} did not finish in {self.timeout_s:g} s: keep slow work (sleeps, downloads, "
+                "network calls) out of its import and its check_args; the check was stopped"
+            )
+        return _answer(spec, out, err)
+
+    def close(self) -> None:
+        """Kill every check still running (agent shutdown); later checks are refused."""
+        self._closed = True
+        for pgid in list(self._running):
+            _kill_group(pgid)
+
+
+def _answer(spec: TaskSpec, out: bytes, err: bytes) -> dict[str, Any]:
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        detail = err.decode(errors="replace").strip().splitlines()
+        raise TaskRefError(f"checking {spec.ref!r} failed: {detail[-1] if detail else 'no output'}") from None
+    if not result.get("ok"):
+        raise TaskRefError(str(result.get("error")))
+    return result
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the check's process group. Its leader may be reaped already, but the group's id is not reused
+    while any member of it lives, so this reaches exactly what the check started (or nothing)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

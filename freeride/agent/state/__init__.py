@@ -1,0 +1,1 @@
+"""What the agent keeps on disk: write-behind persistence, the SQLite registry, masked task secrets."""
