@@ -33,7 +33,6 @@ from freeride.agent.domain.events import (
     WorkerMessage,
     WorkerSetup,
 )
-from freeride.agent.control.scheduler import Scheduler, TaskSlot
 from freeride.agent.domain.model import TaskRecord, TaskState
 from freeride.agent.domain.timers import CallLater, TimerHandle
 from freeride.agent.engine.admission import admit, worker_slot
