@@ -67,6 +67,7 @@ def build(plan: Plan, ranks: list[dict[str, Any]], losses: list[float],
           stats: list[tasks_pb2.StatsResponse], collectors: list[WindowCollector], train_s: float) -> dict[str, Any]:
     cfg = plan.pipeline
     its = _iteration_ms(ranks)
+    warmup = [t for i, t in enumerate(its) if plan.phase(i) == "warmup"]
     baseline = [t for i, t in enumerate(its) if plan.phase(i) == "baseline"]
     harvest = [t for i, t in enumerate(its) if plan.phase(i) == "harvest"]
     base_med, harv_med = statistics.median(baseline), statistics.median(harvest)
@@ -115,6 +116,8 @@ def build(plan: Plan, ranks: list[dict[str, Any]], losses: list[float],
         "training_s": round(train_s, 2),
         "step_ms": {
             "baseline_median": round(base_med, 2), "harvest_median": round(harv_med, 2),
+            "warmup_median": round(statistics.median(warmup), 2) if warmup else None,
+            "warmup": [round(t, 2) for t in warmup],
             "baseline": [round(t, 2) for t in baseline], "harvest": [round(t, 2) for t in harvest],
         },
         "slowdown": round(_paired_slowdown(plan, its), 4),
@@ -153,6 +156,9 @@ def show(console: Console, r: dict[str, Any]) -> None:
     train = _table("training step time (median over each phase's iterations)")
     for col in ("phase", "iterations", "step time", "loss"):
         train.add_column(col, justify="right")
+    if sm["warmup"]:
+        train.add_row("warm-up: learning bubbles, side tasks' first steps", str(len(sm["warmup"])),
+                      f"{sm['warmup_median']:.0f} ms", "", style="dim")
     train.add_row("baseline: side tasks idle", str(len(sm["baseline"])), f"{sm['baseline_median']:.0f} ms",
                   f"first {r['loss']['first']:.3f}" if r["loss"]["first"] is not None else "")
     train.add_row("harvest: side tasks in bubbles", str(len(sm["harvest"])), f"{sm['harvest_median']:.0f} ms",
