@@ -15,6 +15,7 @@ are trimmed when rows leave. The model follows the protocol of `sidetasks.models
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,11 +33,13 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    stop_token: int = -1  # -1: none; generation ends only at max_new_tokens
+    stop_token: int = -1  # -1: the model's end-of-sequence token (`eos_token_id`) if it has one, else none; -2: none
 
     def check(self) -> None:
         if self.max_new_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("need max_new_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+        if self.stop_token < -2:
+            raise ValueError("stop_token is a token id, -1 (the model's end-of-sequence token, if any) or -2 (none)")
 
 
 @dataclass
@@ -230,3 +233,12 @@ def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
     shape[dim] = missing
     return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
 
+
+
+def with_model_stop(sampling: Sampling, model: object) -> Sampling:
+    """`stop_token=-1` means the model's own end-of-sequence token when it declares one (`eos_token_id`: a Hugging
+    Face model's), so a local HF model stops where `generate()` would; -2 (or a model without one) means no stop."""
+    eos = getattr(model, "eos_token_id", None)
+    if sampling.stop_token == -1 and isinstance(eos, int) and eos >= 0:
+        return dataclasses.replace(sampling, stop_token=eos)
+    return sampling

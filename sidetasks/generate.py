@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from freeride import IterativeTask, PoolItem, PoolTask, StepBudget
-from sidetasks.decoding import Completion, Decoder, Prompt, Sampling
+from sidetasks.decoding import Completion, Decoder, Prompt, Sampling, with_model_stop
 from sidetasks.files import publish
 from sidetasks.jsonl import Lines
 from sidetasks.models import check_model, encoder, load_model
@@ -137,6 +137,7 @@ class Generate(IterativeTask):
         finished = frozenset(str(r["id"]) for r in self.lines.existing)
         self.done_before = len(finished & {p.id for p in prompts})
         self.total = len(prompts)
+        self.sampling = with_model_stop(self.sampling, self.model)
         self.width, self.per_seq_bytes = self._size_batch(prompts)
         self.decoder = Decoder(self.model, prompts, self.sampling, self.width, self.device, skip=finished)
         self.written = 0
@@ -264,6 +265,7 @@ class GeneratePool(PoolTask):
         self.device = _resolve_device(self.device_arg, self.context.device, self.threads)
         self.model = load_model(self.model_arg, self.weights, self.device)
         self.encode, self.decode = encoder(self.model)
+        self.sampling = with_model_stop(self.sampling, self.model)
         self._generate(Prompt("warm-up", [0]))  # the first item is then as fast as the rest
 
     def _generate(self, prompt: Prompt) -> Completion:

@@ -14,8 +14,17 @@ _OPEN_TO_OTHERS = 0o077
 
 
 def private_dir(path: Path) -> Path:
-    """`path` (and missing parents) as a directory only its owner may enter; an existing one keeps its mode."""
-    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    """`path` (and missing parents) as a directory only its owner may enter; an existing one keeps its mode.
+    (`Path.mkdir(parents=True, mode=...)` gives the missing parents the umask's mode, not `mode`: each is made here.)"""
+    missing = []
+    at = path
+    while not at.exists() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=DIR_MODE, exist_ok=True)
+    if not path.is_dir():
+        path.mkdir(mode=DIR_MODE, exist_ok=True)  # (raises FileExistsError for a file in its place)
     return path
 
 

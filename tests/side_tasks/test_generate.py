@@ -198,3 +198,38 @@ def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     assert out.read_text().startswith(written[: written.rfind("\n") + 1])  # nothing written before the kill changed
     assert sorted(completions(out)) == sorted(f"q{i}" for i in range(60))  # every prompt, each once
     assert done.progress["prompts_done"] == 60 and done.progress["batch"] == 4 and done.progress["tokens_per_s"] > 0
+
+
+def eos_decoder() -> torch.nn.Module:
+    """The byte decoder, declaring an end-of-sequence token the way a Hugging Face model does (`eos_token_id`):
+    the one in $EOS_FOR_TEST (this file is loaded again by the task's loader: a module global would not reach it)."""
+    model = byte_decoder()
+    model.eos_token_id = int(os.environ["EOS_FOR_TEST"])  # type: ignore[assignment]
+    return model
+
+
+def test_a_model_declaring_an_end_of_sequence_token_stops_there_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "q", "prompt": "def"}) + "\n")
+    plain = started(Generate(prompts=str(prompts), out=str(tmp_path / "plain.jsonl"), max_new_tokens=6,
+                             max_step_ms=60_000), tmp_path, window_s=1000.0)
+    run(plain)
+    first = completions(tmp_path / "plain.jsonl")["q"]
+    assert (len(first["tokens"]), first["finish"]) == (6, "length")  # the byte decoder declares none
+    FIRST_TOKEN_OF_DEF = first["tokens"][0]  # the model's end-of-sequence token below: its first greedy token
+    monkeypatch.setenv("EOS_FOR_TEST", str(FIRST_TOKEN_OF_DEF))
+    model = f"{__file__}:eos_decoder"
+    stops = started(Generate(prompts=str(prompts), out=str(tmp_path / "eos.jsonl"), model=model, max_new_tokens=6,
+                             max_step_ms=60_000), tmp_path, window_s=1000.0)
+    assert stops.sampling.stop_token == FIRST_TOKEN_OF_DEF  # -1 became the model's own token
+    run(stops)
+    stopped = completions(tmp_path / "eos.jsonl")["q"]
+    assert (stopped["tokens"], stopped["finish"]) == ([], "stop")  # it ended at its first token (not written out)
+    goes_on = started(Generate(prompts=str(prompts), out=str(tmp_path / "none.jsonl"), model=model, max_new_tokens=6,
+                               stop_token=-2, max_step_ms=60_000), tmp_path, window_s=1000.0)
+    run(goes_on)
+    assert completions(tmp_path / "none.jsonl")["q"]["tokens"] == first["tokens"]
+    with pytest.raises(ValueError, match="stop_token"):
+        Generate(prompts=str(prompts), stop_token=-3)
