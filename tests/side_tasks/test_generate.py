@@ -218,12 +218,12 @@ def test_a_model_declaring_an_end_of_sequence_token_stops_there_unless_told_not_
     run(plain)
     first = completions(tmp_path / "plain.jsonl")["q"]
     assert (len(first["tokens"]), first["finish"]) == (6, "length")  # the byte decoder declares none
-    FIRST_TOKEN_OF_DEF = first["tokens"][0]  # the model's end-of-sequence token below: its first greedy token
-    monkeypatch.setenv("EOS_FOR_TEST", str(FIRST_TOKEN_OF_DEF))
+    eos = first["tokens"][0]  # the model's end-of-sequence token below: its first greedy token
+    monkeypatch.setenv("EOS_FOR_TEST", str(eos))
     model = f"{__file__}:eos_decoder"
     stops = started(Generate(prompts=str(prompts), out=str(tmp_path / "eos.jsonl"), model=model, max_new_tokens=6,
                              max_step_ms=60_000), tmp_path, window_s=1000.0)
-    assert stops.sampling.stop_token == FIRST_TOKEN_OF_DEF  # -1 became the model's own token
+    assert stops.sampling.stop_token == eos  # -1 became the model's own token
     run(stops)
     stopped = completions(tmp_path / "eos.jsonl")["q"]
     assert (stopped["tokens"], stopped["finish"]) == ([], "stop")  # it ended at its first token (not written out)
