@@ -205,7 +205,8 @@ def test_doctor_reports_cpu_mode_without_a_driver_and_passes_with_the_fake(tmp_p
     report = json.loads(fake.stdout)
     assert report["ok"]
     assert {c["name"]: c["status"] for c in report["checks"]} == {
-        "nvml": "ok", "gpu": "ok", "compute-mode": "ok", "mps": "ok", "socket-dir": "ok", "state-dir": "ok", "state-disk": "ok",
+        "nvml": "ok", "gpu": "ok", "compute-mode": "ok", "mps": "ok", "socket-dir": "ok", "state-dir": "ok",
+        "state-disk": "ok",
         "mps-fault-model": "info",
     }
 
