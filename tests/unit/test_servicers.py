@@ -1,7 +1,8 @@
 """The servicers in-process (the second depth, tests/unit/served.py): real gRPC on a unix socket, the real engine over a
 fake launcher and a manual clock, called with the real clients. The error table as a program sees it, Attach before
 and after its worker's spawn, a trainer's hello and its road (the ring offer, taken or timed out), Watch; and the
-rules that the integration suite once checked with a whole agent process (tests/integration/test_reporter.py)."""
+rules that the integration suite once checked with a whole agent process (tests/integration/test_reporter.py,
+test_failures.py, test_lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import spec
 from engine_fakes import FakeWorker
 from served import Served, served_agent
 
 import freeride
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
-from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError
+from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -278,3 +280,50 @@ def test_the_bubble_context_manager_reports_one_bubble_around_its_body(served: S
     assert reporter.sent == 4 and reporter.dropped == 0
     assert gpu.bubbles == 2
     assert body_s <= gpu.bubble_s < body_s + 0.05  # the bubble spans the body, and little else
+
+
+# -- moved down from tests/integration/test_failures.py and test_lifecycle.py ---------------------------------
+def test_a_bad_task_is_rejected_at_submit_and_nothing_is_created(served: Served) -> None:
+    """(The reference checks are real: a subprocess imports each ref, as the agent's does.)"""
+    with freeride.Client(served.target, timeout_s=30) as client:
+        for ref, needle in [
+            (spec("NotATask").ref, "is not a task"),
+            (spec("Missing").ref, "has no attribute 'Missing'"),
+            ("no.such.module:Task", "no module named 'no.such.module'"),
+            ("/no/such/file.py:Task", "does not exist"),
+            ("no_colon", "must look like"),
+        ]:
+            with pytest.raises(TaskRefError) as err:  # (INVALID_ARGUMENT on the wire)
+                client.submit(tasks_pb2.TaskSpec(ref=ref))
+            assert needle in str(err.value)
+        with pytest.raises(TaskRefError) as err:
+            client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"nope": "1"}))
+        assert "no argument 'nope'" in str(err.value)
+        with pytest.raises(InvalidSpecError) as err:
+            client.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, priority=101))
+        assert "priority" in str(err.value)
+        assert client.list() == []
+    assert served.launcher.workers == []  # nothing was started either
+
+
+def test_cancel_is_final_and_later_actions_say_why_they_cannot_run(served: Served) -> None:
+    with freeride.Client(served.target, timeout_s=30) as client, grpc.insecure_channel(served.target) as channel:
+        task = client.submit(spec("Counter"))
+        rec = served.on_loop(lambda: served.agent.table.records[task.id])
+        worker: FakeWorker = served.on_loop(lambda: served.launcher.of(task.id)[-1])
+        stream = Stream()  # the worker's side of its Attach: hello, then ready
+        controls = worker_pb2_grpc.WorkerServiceStub(channel).Attach(iter(stream), timeout=30)
+        stream.send(worker_pb2.WorkerMessage(hello=worker_pb2.WorkerHello(task_id=task.id, instance=worker.instance)))
+        assert next(controls).WhichOneof("body") == "setup"
+        stream.send(worker_pb2.WorkerMessage(ready=worker_pb2.WorkerReady(kind="iterative")))
+        served.wait(_state(served, rec, TaskState.READY))
+
+        assert client.cancel(task.id).state == tasks_pb2.TASK_STATE_CANCELLED
+        for action in (client.cancel, client.resume, client.pause):
+            with pytest.raises(InvalidStateError):  # (FAILED_PRECONDITION on the wire)
+                action(task.id)
+        with pytest.raises(TaskNotFoundError):  # (NOT_FOUND)
+            client.get("999")
+        stream.end()  # the worker, told to stop, goes
+        controls.cancel()
+        served.on_loop(lambda: worker.exit(0))
