@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from served import serving
 
 import freeride
 from freeride.agent.edge.service import TaskServicer
@@ -120,25 +121,12 @@ def refusing(tmp_path: Path) -> Iterator[tuple[str, _Refusing]]:
     """The real TaskServicer over a fake agent that refuses, served on a unix socket by a loop in a thread."""
     agent = _Refusing()
     target = f"unix:{tmp_path / 'agent.sock'}"
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
 
-    async def start() -> grpc.aio.Server:
-        server = grpc.aio.server()
+    async def add(server: grpc.aio.Server) -> None:
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(agent), server)  # type: ignore[arg-type]
-        server.add_insecure_port(target)
-        await server.start()
-        return server
 
-    server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    try:
+    with serving(target, add):
         yield target, agent
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 @pytest.mark.parametrize("cls", [TaskRefError, InvalidSpecError, TaskNotFoundError, InvalidStateError])

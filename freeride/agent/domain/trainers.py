@@ -1,8 +1,9 @@
 """Trainer streams: one record per connected training rank.
 
-The gRPC servicer (freeride.agent.edge.service) opens a `TrainerStream` per ReportBubbles call; if
-the trainer is on this host it also gets a ring (freeride.agent.edge.ring) whose records are checked
-exactly as the stream's messages are (freeride.agent.edge.bubble_checks) before they become `Edge`s.
+A `TrainerLink` (freeride.agent.edge.trainer_link) keeps a `TrainerStream` per ReportBubbles call: a
+plain record of what stats report. If the trainer is on this host it may also get a ring
+(freeride.agent.edge.ring) whose records are checked exactly as the stream's messages are
+(freeride.agent.edge.bubble_checks) before they become `Edge`s.
 `path` says which road the edges take, for `freeride stats` and /metrics.
 `RankClaims` keeps one stream per rank: the scheduler's bubbles are keyed by rank, and two trainers
 interleaving edges of one rank lost bubbles and opened more windows than there were bubbles.
@@ -11,13 +12,23 @@ interleaving edges of one rank lost bubbles and opened more windows than there w
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 log = logging.getLogger("freeride.agent")
 
 GRPC = "grpc"
 SHM = "shm"
+
+
+class RingPort(Protocol):
+    """A trainer's attached ring, as the agent drives it (freeride.agent.edge.ring.RingChannel)."""
+
+    def pump(self) -> None:
+        """Take what the trainer has written and the agent not yet read, so that an answer is current."""
+
+    def listen(self, wanted: bool) -> None:
+        """Ask for a wake-up per edge (True) or be quiet (False)."""
 
 
 @dataclass(slots=True)
@@ -33,11 +44,6 @@ class TrainerStream:
     dropped: int = 0  # dropped by the trainer: its ring was full
     torn: int = 0  # ring records that failed their check word (included in `rejected`)
     warned: bool = False  # the first rejection is logged, the rest only counted
-    # Takes what the trainer has written and the agent not yet read (its ring's records), so that an
-    # answer to Stats is current as of the call; None on the gRPC road, where nothing waits unread here.
-    take: Callable[[], None] | None = field(default=None, compare=False, repr=False)
-    # Asks the ring for a wake-up per edge (True) or lets it be quiet (False); None on the gRPC road.
-    listen: Callable[[bool], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:

@@ -13,13 +13,9 @@ import grpc
 
 from freeride.agent.domain.events import Control
 from freeride.agent.domain.model import TaskRecord
-from freeride.agent.domain.trainers import SHM, TrainerStream
-from freeride.agent.edge.bubble_checks import edge_ok, edge_problem, take_records
 from freeride.agent.edge.convert import (
     control_to_pb,
-    declaration_from_pb,
     delete_to_pb,
-    edge_from_pb,
     event_to_pb,
     history_to_pb,
     prune_to_pb,
@@ -30,14 +26,13 @@ from freeride.agent.edge.convert import (
     task_to_pb,
     worker_message_from_pb,
 )
-from freeride.agent.edge.ring import RingChannel
+from freeride.agent.edge.ring import HANDSHAKE_TIMEOUT_S
+from freeride.agent.edge.trainer_link import TrainerLink
 from freeride.agent.edge.wire import Malformed, reject
 from freeride.agent.engine.core import Agent
-from freeride.core.ring import Record, ring_records
 from freeride.core.status import STATUS, abort_args
-from freeride.core.version import __version__
 from freeride.errors import InvalidSpecError, InvalidStateError
-from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc, worker_pb2_grpc
+from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2_grpc, worker_pb2_grpc
 
 log = logging.getLogger("freeride.agent")
 
@@ -155,11 +150,13 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
 
 
 class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
-    """One call per training rank. A rank on this host that says hello with `shared_memory` gets a ring
-    (freeride.agent.edge.ring): from then on its edges arrive through it and the stream only carries liveness."""
+    """One call per training rank, each served by its `TrainerLink` (freeride.agent.edge.trainer_link); this
+    servicer only owns the open calls, to end them when the agent stops."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        """`handshake_timeout_s`: how long a ring offered waits for its trainer (freeride.agent.edge.ring)."""
         self._agent = agent
+        self._handshake_timeout_s = handshake_timeout_s
         self._calls: set[asyncio.Task[Any]] = set()  # the tasks serving the open streams (gRPC's: never ours)
         self._closing = False
 
@@ -191,100 +188,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
             self._calls.discard(call)
 
     async def _report_bubbles(self, context: grpc.aio.ServicerContext) -> None:
-        agent = self._agent
-        await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
-        stream = TrainerStream(context.peer())
-        agent.trainer_opened(stream)
-        ranks: set[int] = set()
-        ring: RingChannel | None = None
-        refused = ""
-        log.debug("trainer stream opened (%s)", stream.peer)
-        try:
-            while True:
-                batch = await context.read()
-                if batch is grpc.aio.EOF:
-                    break
-                if isinstance(batch, Malformed):
-                    await reject(context, batch)
-                if batch.HasField("hello") and not stream.hello:
-                    hello = batch.hello
-                    stream.rank, stream.stage, stream.pid, stream.hello = hello.rank, hello.stage, hello.pid, True
-                    refused = agent.trainer_hello(stream)
-                    if refused:  # logged once by the claims; the trainer's reporter says it on its side
-                        await context.abort(grpc.StatusCode.ALREADY_EXISTS, refused)
-                    agent.trainer_declared(declaration_from_pb(hello))
-                    log.info("trainer %s connected", stream.name)
-                    ranks.add(stream.rank)
-                    ring = self._ring_for(batch.hello, stream)
-                    await context.write(trainer_pb2.TrainerWelcome(
-                        gpu=agent.config.gpu, agent_version=__version__, hello_answered=True,
-                        ring_socket=str(ring.socket_path) if ring else "", ring_key=ring.key if ring else b"",
-                    ))
-                    if ring is not None:
-                        self._offer(ring, stream)
-                now = agent.clock()
-                for ev in batch.events:
-                    problem = (edge_problem(ev, now) if not edge_ok(ev, now) else
-                               f"an edge of rank {ev.rank} on the stream of rank {stream.rank}"
-                               if stream.hello and ev.rank != stream.rank else "")
-                    if problem:
-                        agent.rejected_events += 1
-                        stream.reject(problem)
-                        continue
-                    ranks.add(ev.rank)
-                    stream.edges += 1
-                    agent.on_bubble(edge_from_pb(ev))
-        finally:  # no await in here: a dead peer's call is cancelled, and a cancelled await ends the clean-up
-            stream.take = stream.listen = None
-            try:
-                if ring is not None:
-                    ring.close()  # takes the edges written before the trainer went
-            finally:
-                for rank in ranks:
-                    agent.trainer_gone(rank)
-                agent.trainer_closed(stream)
-                if not refused:
-                    log.info("trainer %s disconnected", stream.name)
-
-    def _ring_for(self, hello: trainer_pb2.TrainerHello, stream: TrainerStream) -> RingChannel | None:
-        """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
-        config = self._agent.config
-        if not hello.shared_memory or config.bubble_path == "grpc" or not stream.peer.startswith("unix:"):
-            return None
-        try:
-            return RingChannel(config.socket_path.parent, config.gpu, config.socket_mode_bits(), config.socket_gid(),
-                               ring_records(hello.ring_records))
-        except OSError as exc:
-            log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", stream.name, exc)
-            return None
-
-    def _offer(self, ring: RingChannel, stream: TrainerStream) -> None:
-        agent = self._agent
-
-        def timed_out() -> None:
-            log.warning("trainer %s did not fetch its bubble ring from %s; its edges stay on gRPC",
-                        stream.name, ring.socket_path)
-
-        def fetched() -> None:
-            stream.path = SHM
-            ring.quiet = not agent.listening  # quiet while no edge can lead to a grant (Agent.listening)
-            ring.start(deliver)
-            stream.take, stream.listen = ring.pump, ring.listen
-            agent.trainer_moved(stream)
-            log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
-
-        reader = ring.reader
-
-        def deliver(records: list[Record]) -> None:
-            rejected = take_records(stream, records, agent.clock(), agent.on_bubble)
-            torn = reader.corrupt + reader.lost - stream.torn
-            if torn:
-                stream.torn += torn
-                stream.reject(f"{torn} torn or scribbled ring record(s)", torn)
-            agent.rejected_events += rejected + torn
-            stream.dropped = reader.dropped_by_writer
-
-        ring.offer(fetched, timed_out)
+        await TrainerLink(self._agent, context, self._handshake_timeout_s).serve()
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):

@@ -38,7 +38,7 @@ from freeride.agent.domain.events import (
 )
 from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.domain.timers import TimerHandle
-from freeride.agent.domain.trainers import RankClaims, TrainerStream
+from freeride.agent.domain.trainers import RankClaims, RingPort, TrainerStream
 from freeride.agent.domain.views import GpuStats, History, Stats
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.pubsub import Hub
@@ -82,6 +82,7 @@ class Agent:
         self.events = Hub()
         self.table = TaskTable(self._changed)
         self.streams: list[TrainerStream] = []  # one per trainer stream open now
+        self._rings: dict[int, RingPort] = {}  # the attached rings, by id() of their stream
         # Each rank's last hello, kept after its stream ends so that `freeride profile` of a finished job
         # knows the schedule of the bubbles still in the history (bounded: the oldest rank is forgotten).
         self.declared: OrderedDict[int, TrainerDeclaration] = OrderedDict()
@@ -124,15 +125,13 @@ class Agent:
         if wanted == self.listening:
             return
         self.listening = wanted
-        for stream in list(self.streams):
-            if stream.listen is not None:
-                stream.listen(wanted)
+        for ring in list(self._rings.values()):
+            ring.listen(wanted)
 
     def _read_rings(self) -> None:
         """Take what the trainers wrote and the agent has not read yet (a quiet agent reads late)."""
-        for stream in list(self.streams):
-            if stream.take is not None:
-                stream.take()
+        for ring in list(self._rings.values()):
+            ring.pump()
 
     def _admission_waits(self) -> bool:
         """A task waits for memory or a worker slot: the trainer's free-memory hint (START edges) may admit it."""
@@ -297,7 +296,7 @@ class Agent:
             prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=self.clock() - self.started_ns,
             dropped_events=self.events.dropped, rejected_events=self.rejected_events,
             trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
-            trainer_streams=tuple(dataclasses.replace(t, take=None, listen=None) for t in self.streams),
+            trainer_streams=tuple(dataclasses.replace(t) for t in self.streams),
             event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
             event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
         )
@@ -328,11 +327,17 @@ class Agent:
         """The stream said who it is: "" when its rank is its own now, else why it is refused."""
         return self._ranks.claim(stream)
 
-    def trainer_moved(self, stream: TrainerStream) -> None:
-        """The stream's edges changed road (its ring was attached)."""
+    def trainer_moved(self, stream: TrainerStream, ring: RingPort) -> None:
+        """The stream's edges changed road: its ring was attached, which the agent reads and wakes from now."""
+        self._rings[id(stream)] = ring
         self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
 
+    def trainer_ring_closing(self, stream: TrainerStream) -> None:
+        """The stream's ring is being closed: no more reads or wake-ups of it from here."""
+        self._rings.pop(id(stream), None)
+
     def trainer_closed(self, stream: TrainerStream) -> None:
+        self._rings.pop(id(stream), None)
         self._ranks.release(stream)
         self.streams.remove(stream)
         self.training.closed(self.scheduler.gpu)

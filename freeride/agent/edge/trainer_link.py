@@ -1,0 +1,155 @@
+"""One connected trainer: its ReportBubbles call from the first welcome to the close.
+
+A `TrainerLink` owns, for one training rank's stream:
+  the hello      the rank claim (a second stream of a held rank is refused with ALREADY_EXISTS), the
+                 declaration kept for `freeride profile`, and the welcome that answers it;
+  the road       a rank on this host that asked for `shared_memory` is offered a ring
+                 (freeride.agent.edge.ring); taken within the handshake timeout, its edges arrive through
+                 it and the stream only carries liveness; not taken, they stay on gRPC;
+  its counters   edges, rejections (out of bounds, another rank's, torn ring records) and the trainer's
+                 drops, in its `TrainerStream` record, which `freeride stats` and /metrics report;
+  the close      what the ring still holds is read, then each rank it reported is gone and the record
+                 is dropped; no await in it (a dead peer's call is cancelled, and a cancelled await
+                 would end the clean-up half way).
+While the ring is attached the agent holds it as a `RingPort` to read it late (a Stats call) and to make
+it listen or be quiet (Agent.listening).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from freeride.agent.domain.trainers import SHM, TrainerStream
+from freeride.agent.edge.bubble_checks import edge_ok, edge_problem, take_records
+from freeride.agent.edge.convert import declaration_from_pb, edge_from_pb
+from freeride.agent.edge.ring import HANDSHAKE_TIMEOUT_S, RingChannel
+from freeride.agent.edge.wire import Malformed, reject
+from freeride.agent.engine.core import Agent
+from freeride.core.ring import Record, ring_records
+from freeride.core.version import __version__
+from freeride.v1 import trainer_pb2
+
+log = logging.getLogger("freeride.agent")
+
+
+class TrainerLink:
+    """One trainer's stream (a ReportBubbles call), and its ring if it takes one."""
+
+    def __init__(self, agent: Agent, context: grpc.aio.ServicerContext,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self._agent = agent
+        self._context = context
+        self._handshake_timeout_s = handshake_timeout_s
+        self.stream = TrainerStream(context.peer())
+        self._ranks: set[int] = set()  # every rank it reported: each is gone when it closes
+        self._ring: RingChannel | None = None
+        self._refused = ""
+
+    async def serve(self) -> None:
+        """Welcome the trainer, read its messages until it ends the stream, then close."""
+        agent, context = self._agent, self._context
+        await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
+        agent.trainer_opened(self.stream)
+        log.debug("trainer stream opened (%s)", self.stream.peer)
+        try:
+            while True:
+                batch = await context.read()
+                if batch is grpc.aio.EOF:
+                    break
+                if isinstance(batch, Malformed):
+                    await reject(context, batch)
+                if batch.HasField("hello") and not self.stream.hello:
+                    await self._hello(batch.hello)
+                self._edges(batch.events)
+        finally:
+            self._close()
+
+    # -- the hello ---------------------------------------------------------------------------------
+    async def _hello(self, hello: trainer_pb2.TrainerHello) -> None:
+        agent, stream = self._agent, self.stream
+        stream.rank, stream.stage, stream.pid, stream.hello = hello.rank, hello.stage, hello.pid, True
+        self._refused = agent.trainer_hello(stream)
+        if self._refused:  # logged once by the claims; the trainer's reporter says it on its side
+            await self._context.abort(grpc.StatusCode.ALREADY_EXISTS, self._refused)
+        agent.trainer_declared(declaration_from_pb(hello))
+        log.info("trainer %s connected", stream.name)
+        self._ranks.add(stream.rank)
+        ring = self._ring = self._ring_for(hello)
+        await self._context.write(trainer_pb2.TrainerWelcome(
+            gpu=agent.config.gpu, agent_version=__version__, hello_answered=True,
+            ring_socket=str(ring.socket_path) if ring else "", ring_key=ring.key if ring else b"",
+        ))
+        if ring is not None:
+            ring.offer(self._fetched, self._timed_out, self._handshake_timeout_s)
+
+    # -- the road ----------------------------------------------------------------------------------
+    def _ring_for(self, hello: trainer_pb2.TrainerHello) -> RingChannel | None:
+        """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
+        config = self._agent.config
+        if not hello.shared_memory or config.bubble_path == "grpc" or not self.stream.peer.startswith("unix:"):
+            return None
+        try:
+            return RingChannel(config.socket_path.parent, config.gpu, config.socket_mode_bits(), config.socket_gid(),
+                               ring_records(hello.ring_records))
+        except OSError as exc:
+            log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", self.stream.name, exc)
+            return None
+
+    def _timed_out(self) -> None:
+        assert self._ring is not None
+        log.warning("trainer %s did not fetch its bubble ring from %s; its edges stay on gRPC",
+                    self.stream.name, self._ring.socket_path)
+
+    def _fetched(self) -> None:
+        ring, stream, agent = self._ring, self.stream, self._agent
+        assert ring is not None
+        stream.path = SHM
+        ring.quiet = not agent.listening  # quiet while no edge can lead to a grant (Agent.listening)
+        ring.start(self._deliver)
+        agent.trainer_moved(stream, ring)
+        log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
+
+    def _deliver(self, records: list[Record]) -> None:
+        """A batch read from the ring: checked as the stream's messages are, and counted."""
+        assert self._ring is not None
+        agent, stream, reader = self._agent, self.stream, self._ring.reader
+        rejected = take_records(stream, records, agent.clock(), agent.on_bubble)
+        torn = reader.corrupt + reader.lost - stream.torn
+        if torn:
+            stream.torn += torn
+            stream.reject(f"{torn} torn or scribbled ring record(s)", torn)
+        agent.rejected_events += rejected + torn
+        stream.dropped = reader.dropped_by_writer
+
+    def _edges(self, events: Any) -> None:
+        """The edges that came on the stream itself (before a ring, or without one)."""
+        agent, stream = self._agent, self.stream
+        now = agent.clock()
+        for ev in events:
+            problem = (edge_problem(ev, now) if not edge_ok(ev, now) else
+                       f"an edge of rank {ev.rank} on the stream of rank {stream.rank}"
+                       if stream.hello and ev.rank != stream.rank else "")
+            if problem:
+                agent.rejected_events += 1
+                stream.reject(problem)
+                continue
+            self._ranks.add(ev.rank)
+            stream.edges += 1
+            agent.on_bubble(edge_from_pb(ev))
+
+    # -- the close ---------------------------------------------------------------------------------
+    def _close(self) -> None:
+        agent = self._agent
+        agent.trainer_ring_closing(self.stream)  # no reads from the agent into a ring being closed
+        try:
+            if self._ring is not None:
+                self._ring.close()  # takes the edges written before the trainer went
+        finally:
+            for rank in self._ranks:
+                agent.trainer_gone(rank)
+            agent.trainer_closed(self.stream)
+            if not self._refused:
+                log.info("trainer %s disconnected", self.stream.name)
