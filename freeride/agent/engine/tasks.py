@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.control.scheduler import WindowPort
+from freeride.agent.control.slots import WindowPort
 from freeride.agent.domain.events import Control
 from freeride.agent.domain.model import TaskRecord, TaskState, check_transition
 
