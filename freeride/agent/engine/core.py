@@ -359,10 +359,10 @@ class Agent:
 
     # -- workers ---------------------------------------------------------------------------------
     def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:
-        return self.supervisor.attach(task_id, instance, outbox)
+        return self.supervisor.streams.attach(task_id, instance, outbox)
 
     def detach(self, task_id: str, instance: int) -> None:
-        self.supervisor.detach(task_id, instance)
+        self.supervisor.streams.detach(task_id, instance)
 
     def on_worker_message(self, task_id: str, instance: int, msg: WorkerMessage) -> None:
-        self.supervisor.on_worker_message(task_id, instance, msg)
+        self.supervisor.streams.on_worker_message(task_id, instance, msg)

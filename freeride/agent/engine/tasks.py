@@ -28,6 +28,7 @@ from freeride.agent.domain.model import TaskRecord, TaskState, check_transition
 log = logging.getLogger("freeride.agent")
 
 Outbox = asyncio.Queue[Control | None]  # commands to one attached worker; None ends its stream
+STOP_CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}  # a stop, as asked of a worker
 
 
 class Change(enum.Enum):
@@ -73,6 +74,13 @@ class TaskRuntime:
     outbox: Outbox | None = None  # the stream to its worker, once the worker has attached
     desired: TaskState | None = None  # PAUSED or CANCELLED: asked of the worker, which checkpoints and exits
     memory_bytes: int | None = None  # the worker's memory at the watchdog's latest sample
+
+    def send(self, control: Control) -> bool:
+        """Put `control` on the stream to its worker; False when no worker is attached."""
+        if self.outbox is None:
+            return False
+        self.outbox.put_nowait(control)
+        return True
 
 
 def copy_record(rec: TaskRecord) -> TaskRecord:
