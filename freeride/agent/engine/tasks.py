@@ -116,6 +116,11 @@ class TaskTable:
         ids = [i for i, rt in self.live.items() if rt.waiting is not None]
         return sorted((self.records[i] for i in ids), key=lambda r: (-r.spec.priority, int(r.id)))
 
+    def over(self, task_id: str) -> bool:
+        """Nothing of the task runs or will run: it is gone, or over (or PAUSED) with its worker exited."""
+        rec = self.records.get(task_id)
+        return rec is None or ((rec.state.terminal or rec.state is TaskState.PAUSED) and self.worker(task_id) is None)
+
     def waiting_count(self) -> int:
         return sum(1 for rt in self.live.values() if rt.waiting is not None)
 
