@@ -202,6 +202,8 @@ class Rig:
         self.config = AgentConfig(**{**defaults, **config})
         self.sup = Supervisor(self.config, self.table, self.memory, self.launcher, self.scheduler,
                               call_later=self.timers.call_later, offload=offload or InlineOffload())
+        self.streams = self.sup.streams  # what the workers say (their streams' messages)
+        self.watchdog = self.sup.watchdog
         self._ids = itertools.count(1)
 
     def task(self, cap_bytes: int = 0, priority: int = 0, max_restarts: int = -1) -> TaskRecord:

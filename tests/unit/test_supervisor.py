@@ -37,7 +37,7 @@ async def test_a_started_task_has_one_worker_and_becomes_ready_when_the_worker_s
     assert rig.table.worker(rec.id) is worker
     await rig.sup.start(rec)  # a second start of a live task starts nothing
     assert len(rig.launcher.workers) == 1
-    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    rig.streams.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
     assert rec.state is TaskState.READY
     assert rec.id in rig.scheduler.tasks
     worker.exit(1)
@@ -48,7 +48,7 @@ async def test_a_started_task_has_one_worker_and_becomes_ready_when_the_worker_s
 async def test_a_message_from_a_stale_worker_instance_is_ignored(rig: Rig) -> None:
     rec = rig.task()
     await rig.sup.start(rec)
-    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance + 1, Ready("iterative", 0, {}))
+    rig.streams.on_worker_message(rec.id, rig.worker(rec).instance + 1, Ready("iterative", 0, {}))
     assert rec.state is TaskState.STARTING
 
 
@@ -157,7 +157,7 @@ async def test_a_spawn_on_a_full_disk_waits_with_a_reason_and_backoff_and_is_cha
     rig.timers.fire_next()  # the disk has room again
     await rig.sup.settle()
     worker = rig.worker(rec)
-    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    rig.streams.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
     assert (rec.state, rec.restarts, rec.reason) == (TaskState.READY, 0, "started after the disk was full")
 
 
@@ -170,12 +170,12 @@ async def test_space_freed_starts_what_waits_for_the_disk_at_once_and_asks_a_wai
     await rig.sup.start(starting)
     ckpt, ckpt_worker = await ready_task(rig)
     ckpt_out = attach(rig, ckpt.id, ckpt_worker.instance)
-    rig.sup.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting(
+    rig.streams.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting(
         "disk full: its checkpoint cannot be written to /s/checkpoints (No space left on device); free space", True))
     assert ckpt.reason.startswith("waiting: disk full: its checkpoint") and ckpt.id not in rig.scheduler.tasks
     redis, redis_worker = await ready_task(rig)
     redis_out = attach(rig, redis.id, redis_worker.instance)
-    rig.sup.on_worker_message(redis.id, redis_worker.instance, Waiting("redis at db:6379 does not answer", True))
+    rig.streams.on_worker_message(redis.id, redis_worker.instance, Waiting("redis at db:6379 does not answer", True))
 
     rig.sup.disk_freed()  # freeride rm / prune / retention removed files
     await rig.sup.settle()
@@ -183,7 +183,7 @@ async def test_space_freed_starts_what_waits_for_the_disk_at_once_and_asks_a_wai
     assert [t for t in rig.timers.pending() if t.at == 1.0] == []  # its backoff timer is gone
     assert ckpt_out.get_nowait() is Control.CHECKPOINT  # tries its checkpoint now
     assert redis_out.empty()  # waits for something else: not disturbed
-    rig.sup.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting("disk full: …", False))
+    rig.streams.on_worker_message(ckpt.id, ckpt_worker.instance, Waiting("disk full: …", False))
     assert ckpt.reason == "" and ckpt.id in rig.scheduler.tasks  # written: it is scheduled again
 
 
@@ -317,7 +317,7 @@ async def test_the_watchdog_stops_a_worker_above_its_cap_and_only_above_it(rig: 
     rig.probe.bytes[rig.worker(rec).pid] = used
     rig.probe.bytes[rig.worker(calm).pid] = 100 * MiB
     rig.timers.fire_next()  # one watchdog sample
-    await rig.sup.watched()
+    await rig.watchdog.watched()
     kills = rig.worker(rec).kills
     if stopped:
         assert len(kills) == 1 and kills[0].startswith("memory_cap_exceeded: ")
@@ -338,7 +338,7 @@ async def test_a_task_stopped_at_its_cap_is_restarted_only_as_often_as_memory_ca
     rec = rig.task(cap_bytes=10 * MiB)
     await rig.sup.start(rec)
     rig.probe.bytes[rig.worker(rec).pid] = 11 * MiB
-    await rig.sup.check_memory()
+    await rig.watchdog.check()
     rig.worker(rec).exit(-9)
     assert (rec.state, rec.restarts) == (state, restarts)
     assert "memory_cap_exceeded: 11 MiB in use, cap 10 MiB" in rec.reason
@@ -380,7 +380,7 @@ def grants(worker: FakeWorker) -> list[int]:
 def attach(rig: Rig, task_id: str, instance: int) -> asyncio.Queue[Control | None]:
     """The worker's stream: what the supervisor sends it lands in the returned queue."""
     outbox: asyncio.Queue[Control | None] = asyncio.Queue()
-    rig.sup.attach(task_id, instance, outbox)
+    rig.streams.attach(task_id, instance, outbox)
     return outbox
 
 
@@ -388,7 +388,7 @@ async def ready_task(rig: Rig) -> tuple[TaskRecord, FakeWorker]:
     rec = rig.task()
     await rig.sup.start(rec)
     worker = rig.worker(rec)
-    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    rig.streams.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
     return rec, worker
 
 
@@ -401,8 +401,8 @@ async def test_a_waiting_task_gets_no_window_says_why_and_is_scheduled_again_whe
     assert grants(worker) == [1]
     rig.changes.clear()
     # The worker gives window 1 back (its step raised Unavailable), then says it waits: in that order.
-    rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", True))
+    rig.streams.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", True))
     assert rec.id not in rig.scheduler.tasks  # no candidate, no window, no step that could hang
     assert (rec.state, rec.reason) == (TaskState.READY, "waiting: redis at db:6379 does not answer")
     assert rig.changes == [(rec.id, TaskState.READY, Change.REASON)]  # announced to watchers, written at once
@@ -410,10 +410,10 @@ async def test_a_waiting_task_gets_no_window_says_why_and_is_scheduled_again_whe
         bubble(rig, it)
     assert grants(worker) == [1]
     assert worker.kills == [] and rig.table.worker(rec.id) is worker
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
     assert (rec.state, rec.reason) == (TaskState.READY, "")
     assert grants(worker) == [1, 4]  # the open window goes to it at once, as after its Ready
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("redis at db:6379 does not answer", False))
     assert list(rig.scheduler.tasks) == [rec.id] and grants(worker) == [1, 4]  # a repeat changes nothing
 
 
@@ -422,12 +422,12 @@ async def test_a_window_granted_before_the_waiting_message_arrived_goes_to_anoth
     waiter, w1 = await ready_task(rig)
     bubble(rig, 0)
     other, w2 = await ready_task(rig)  # window 1 is held: the other task waits for the next bubble
-    rig.sup.on_worker_message(waiter.id, w1.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    rig.streams.on_worker_message(waiter.id, w1.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
     assert grants(w2) == [1]  # the rest of window 1
     bubble(rig, 1)  # window 2: the waiter looks idle, and its Waiting is still on the way
     assert grants(w1) == [1, 2]
-    rig.sup.on_worker_message(waiter.id, w1.instance, Waiting("disk full", True))
-    rig.sup.on_worker_message(other.id, w2.instance, WindowDone(1, idle_since_ns=6, step_estimate_ns=0))
+    rig.streams.on_worker_message(waiter.id, w1.instance, Waiting("disk full", True))
+    rig.streams.on_worker_message(other.id, w2.instance, WindowDone(1, idle_since_ns=6, step_estimate_ns=0))
     assert grants(w2) == [1, 2]  # the worker never steps in window 2: it ignores grants made while it waits
 
 
@@ -438,10 +438,10 @@ async def test_a_waiting_task_is_paused_or_cancelled_as_any_other_and_a_late_res
 ) -> None:
     rec, worker = await ready_task(rig)
     outbox = attach(rig, rec.id, worker.instance)
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("down", True))
     rig.ask_stop(rec, desired, "by user")
     assert outbox.get_nowait() is control
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("down", False))  # sent before it read the control
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("down", False))  # sent before it read the control
     assert rec.id not in rig.scheduler.tasks and (rec.state, rec.reason) == (desired, "by user")
     worker.exit(0)
     assert rec.state is desired and rig.table.live == {}
@@ -450,7 +450,7 @@ async def test_a_waiting_task_is_paused_or_cancelled_as_any_other_and_a_late_res
 @in_loop
 async def test_a_waiting_reason_is_one_line_of_bounded_length(rig: Rig) -> None:
     rec, worker = await ready_task(rig)
-    rig.sup.on_worker_message(rec.id, worker.instance, Waiting("no\nanswer  " + "x" * 1000, True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Waiting("no\nanswer  " + "x" * 1000, True))
     assert rec.reason.startswith("waiting: no answer xxx") and len(rec.reason) == len("waiting: ") + 200
 
 

@@ -33,7 +33,7 @@ async def test_a_task_asked_to_stop_gives_back_its_window_and_gets_no_new_one_wh
     bubble(rig, 0)
     assert grants(worker) == [1]
     rig.ask_stop(rec, desired)
-    rig.sup.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
+    rig.streams.on_worker_message(rec.id, worker.instance, WindowDone(1, idle_since_ns=5, step_estimate_ns=0))
     for it in (1, 2, 3):  # bubbles go on while state_dict() runs: none is granted to it (no hang timer either)
         bubble(rig, it)
     assert grants(worker) == [1]
@@ -92,7 +92,7 @@ async def test_a_worker_that_becomes_ready_while_the_agent_shuts_down_gets_no_wi
     attach(rig, rec.id, worker.instance)
     stopping = asyncio.ensure_future(rig.sup.shutdown())
     await asyncio.sleep(0)  # shutdown has begun (it waits for the exit)
-    rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+    rig.streams.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
     bubble(rig, 0)
     assert grants(worker) == [] and rec.id not in rig.scheduler.tasks
     worker.exit(0)
@@ -107,7 +107,7 @@ async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
     rig.ask_stop(rec, desired)
-    rig.sup.on_worker_message(rec.id, worker.instance, Failed("state_dict() raised OSError: disk full", True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Failed("state_dict() raised OSError: disk full", True))
     worker.exit(1)
     assert rec.state is desired  # no crash, no restart
     why = "its checkpoint failed: state_dict() raised OSError: disk full"
@@ -118,7 +118,7 @@ async def test_a_checkpoint_that_fails_on_pause_or_cancel_is_named_in_the_reason
 
 
 def _done(rig: Rig, rec_id: str, instance: int, window_id: int) -> None:
-    rig.sup.on_worker_message(rec_id, instance, WindowDone(window_id, idle_since_ns=5, step_estimate_ns=0))
+    rig.streams.on_worker_message(rec_id, instance, WindowDone(window_id, idle_since_ns=5, step_estimate_ns=0))
 
 
 @in_loop
@@ -127,13 +127,13 @@ async def test_a_periodic_checkpoint_gets_no_window_and_no_hang_timer_but_a_dead
     attach(rig, rec.id, worker.instance)
     bubble(rig, 0)
     _done(rig, rec.id, worker.instance, 1)
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))  # its interval came due
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(True))  # its interval came due
     for it in (1, 2, 3):  # bubbles go on while a 2 GiB state_dict() runs
         bubble(rig, it)
     assert grants(worker) == [1] and rig.scheduler.tasks[rec.id].hang_timer is None
     (deadline,) = rig.timers.pending()
     assert deadline.at - rig.timers.now == rig.config.checkpoint_timeout_s  # not the hang timeout
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(False))
     assert deadline.cancelled and grants(worker) == [1, 4]  # the open window is its own again at once
     assert worker.kills == [] and rec.state is TaskState.READY
 
@@ -147,11 +147,11 @@ async def test_a_window_granted_just_before_a_periodic_checkpoint_began_arms_no_
     bubble(rig, 0)
     _done(rig, rec.id, worker.instance, 1)
     bubble(rig, 1)  # granted while the worker, idle, was about to checkpoint: it will not look before the end
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(True))
     bubble(rig, 2)  # that window closes unanswered: no hang timer, and no new grant
     slot = rig.scheduler.tasks[rec.id]
     assert grants(worker) == [1, 2] and slot.hang_timer is None
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(False))
     assert slot.hang_timer is not None  # from now on it answers as any idle worker does
     _done(rig, rec.id, worker.instance, 2)
     assert slot.hang_timer is None and grants(worker) == [1, 2, 3] and worker.kills == []
@@ -161,7 +161,7 @@ async def test_a_window_granted_just_before_a_periodic_checkpoint_began_arms_no_
 async def test_a_periodic_checkpoint_past_the_checkpoint_timeout_is_killed_and_restarted_saying_so(rig: Rig) -> None:
     rec, worker = await ready_task(rig)
     attach(rig, rec.id, worker.instance)
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(True))
     rig.timers.fire_next()
     why = ("its checkpoint did not finish within 300s (--checkpoint-timeout-s); "
            "its worker was killed, its previous checkpoint is kept")
@@ -179,14 +179,14 @@ async def test_a_stop_during_a_periodic_checkpoint_waits_for_it_under_the_stops_
     outbox = attach(rig, rec.id, worker.instance)
     bubble(rig, 0)
     _done(rig, rec.id, worker.instance, 1)
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(True))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(True))
     (periodic,) = rig.timers.pending()
     rig.timers.now = 200.0  # the checkpoint has run 200 s when the stop arrives
     rig.ask_stop(rec, desired)
     assert outbox.get_nowait() is control  # the worker takes it once its checkpoint is written
     (stop_deadline,) = rig.timers.pending()
     assert periodic.cancelled and stop_deadline.at == 500.0  # a full --checkpoint-timeout-s from the stop
-    rig.sup.on_worker_message(rec.id, worker.instance, Checkpointing(False))
+    rig.streams.on_worker_message(rec.id, worker.instance, Checkpointing(False))
     bubble(rig, 1)
     assert grants(worker) == [1]  # stopping: no window after its checkpoint either
     worker.exit(0)
@@ -201,12 +201,12 @@ async def test_a_task_never_counts_fewer_steps_than_the_checkpoint_it_resumes_fr
     rec = rig.task()
     rec.counters.steps = 10  # the ledger as written before a kill -9 of the agent; the worker's checkpoint: 25
     await rig.sup.start(rec)
-    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 25, {}))
+    rig.streams.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 25, {}))
     assert (rec.checkpoint_steps, rec.counters.steps) == (25, 25)
     rig.worker(rec).exit(-9)  # its own kill -9: the new worker resumes from an older checkpoint
     rig.timers.fire_next()
     await rig.sup.settle()
-    rig.sup.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 20, {}))
+    rig.streams.on_worker_message(rec.id, rig.worker(rec).instance, Ready("iterative", 20, {}))
     assert (rec.checkpoint_steps, rec.counters.steps) == (20, 25)  # steps run are never taken back
 
 
@@ -225,7 +225,7 @@ async def test_restarts_and_the_gave_up_count_agree_whatever_ended_each_worker(t
                 rig.sup.hang(rec.id, window_id=1)
             elif end == "memory":
                 rig.probe.bytes[worker.pid] = 11 * MiB
-                await rig.sup.check_memory()
+                await rig.watchdog.check()
             worker.exit(-9 if end in ("hang", "memory") else 1)
         if n < 3:
             restart = rig.timers.timers[-1]  # the backoff just set (the watchdog's next check is not due)

@@ -68,7 +68,7 @@ async def test_the_loop_grants_a_window_while_the_watchdogs_sample_blocks(tmp_pa
         rec = rig.task(cap_bytes=100 * MiB)
         await rig.sup.start(rec)
         worker = rig.worker(rec)
-        rig.sup.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
+        rig.streams.on_worker_message(rec.id, worker.instance, Ready("iterative", 0, {}))
         probe.bytes[worker.pid] = 101 * MiB
         rig.sup.watch_memory()
         rig.timers.fire_next()  # the tick: its read starts in the watchdog's thread
@@ -78,7 +78,7 @@ async def test_the_loop_grants_a_window_while_the_watchdogs_sample_blocks(tmp_pa
         assert rig.table.live[rec.id].memory_bytes is None and worker.kills == []  # nothing applied yet
         assert rig.timers.pending() == []  # and no second sample is set while this one is in flight
         probe.release.set()
-        await rig.sup.watched()
+        await rig.watchdog.watched()
         assert probe.reads_in == ["test-sample_0"]
         (scan,) = rig.launcher.scans
         assert (scan.read_in, scan.applied_in) == ("test-sample_0", threading.current_thread().name)
@@ -98,7 +98,7 @@ async def test_a_worker_that_exits_while_its_sample_is_read_is_left_alone(tmp_pa
         await rig.sup.start(rec)
         old = rig.worker(rec)
         probe.bytes[old.pid] = 500 * MiB
-        checking = asyncio.ensure_future(rig.sup.check_memory())
+        checking = asyncio.ensure_future(rig.watchdog.check())
         await read_begun(probe)
         old.exit(1)  # it crashed meanwhile: restarted after its backoff
         rig.timers.fire_next()

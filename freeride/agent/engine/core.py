@@ -42,7 +42,7 @@ from freeride.agent.domain.trainers import RankClaims, RingPort, TrainerStream
 from freeride.agent.domain.views import GpuStats, History, Stats
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.pubsub import Hub
-from freeride.agent.engine.refcheck import RefChecks, pinned_ref
+from freeride.agent.engine.refcheck import RefChecks, pinned_ref, with_checked
 from freeride.agent.engine.retention import Removal, Retention
 from freeride.agent.engine.supervisor import Launcher, Supervisor
 from freeride.agent.engine.tasks import Change, Outbox, TaskTable, copy_record
@@ -209,12 +209,7 @@ class Agent:
         check_spec(spec, self.memory.device_total_bytes())
         spec = dataclasses.replace(spec, ref=pinned_ref(spec.ref))  # what is checked is what every start loads
         checked = await self.checks.check(spec)
-        if spec.priority == 0 and checked.get("priority"):
-            spec = dataclasses.replace(spec, priority=int(checked["priority"]))
-        if spec.mem_limit_bytes == 0 and checked.get("mem_limit_bytes"):
-            spec = dataclasses.replace(spec, mem_limit_bytes=int(checked["mem_limit_bytes"]))
-        if not spec.name:
-            spec = dataclasses.replace(spec, name=str(checked.get("name", "task")))
+        spec = with_checked(spec, checked)
         now = time.time()
         rec = TaskRecord(
             id="", spec=spec, state=TaskState.SUBMITTED, kind=str(checked["kind"]),
@@ -271,13 +266,7 @@ class Agent:
         self.get(task_id)
         if self.task_logs is None:
             raise InvalidStateError("this agent keeps no task logs")
-
-        def over() -> bool:
-            rec = self.table.records.get(task_id)
-            return rec is None or ((rec.state.terminal or rec.state is TaskState.PAUSED)
-                                   and self.table.worker(task_id) is None)
-
-        return self.task_logs.read(task_id, tail_lines, follow, over)
+        return self.task_logs.read(task_id, tail_lines, follow, lambda: self.table.over(task_id))
 
     def log_path(self, task_id: str) -> str:
         """Where the task's output is stored, absolute ("" when this agent keeps no task logs): a relative
@@ -364,10 +353,10 @@ class Agent:
 
     # -- workers ---------------------------------------------------------------------------------
     def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:
-        return self.supervisor.attach(task_id, instance, outbox)
+        return self.supervisor.streams.attach(task_id, instance, outbox)
 
     def detach(self, task_id: str, instance: int) -> None:
-        self.supervisor.detach(task_id, instance)
+        self.supervisor.streams.detach(task_id, instance)
 
     def on_worker_message(self, task_id: str, instance: int, msg: WorkerMessage) -> None:
-        self.supervisor.on_worker_message(task_id, instance, msg)
+        self.supervisor.streams.on_worker_message(task_id, instance, msg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -39,6 +40,18 @@ def pinned_ref(ref: str) -> str:
     if not (sep and path.endswith(".py")):
         return ref
     return f"{os.path.realpath(path)}:{cls}"
+
+
+def with_checked(spec: TaskSpec, checked: Mapping[str, Any]) -> TaskSpec:
+    """The spec, with what it leaves unset (its priority, memory cap, name) taken from what the check read off
+    the task's class."""
+    if spec.priority == 0 and checked.get("priority"):
+        spec = dataclasses.replace(spec, priority=int(checked["priority"]))
+    if spec.mem_limit_bytes == 0 and checked.get("mem_limit_bytes"):
+        spec = dataclasses.replace(spec, mem_limit_bytes=int(checked["mem_limit_bytes"]))
+    if not spec.name:
+        spec = dataclasses.replace(spec, name=str(checked.get("name", "task")))
+    return spec
 
 
 class RefChecks:

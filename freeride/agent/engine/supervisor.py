@@ -1,11 +1,11 @@
-"""The supervisor: memory admission, worker start, restart with backoff, stop, the memory watchdog.
+"""The supervisor: memory admission, worker start, restart with backoff, the waits for a full disk, stop.
 
 Runs on the agent's loop. Every background task it creates is owned (`Background`) and every
 timer it sets is kept and cancelled at shutdown; a failure in either is logged and acted on: a
 worker that cannot be started counts as a crash (restarted with backoff, FAILED after the task's
-restarts), a failed watchdog check is retried at the next interval. The watchdog's reads (each
-worker's memory, its process tree) block for milliseconds: they run on the supervisor's own thread
-(`Offload`), and only their results are applied here.
+restarts). It owns the parts beside the lifecycle, each with one job: the workers' streams
+(streams.py: what each worker says), the checkpoint deadlines (deadlines.py) and the memory
+watchdog on its own thread (watchdog.py).
 """
 
 from __future__ import annotations
@@ -18,40 +18,27 @@ from pathlib import Path
 from typing import Protocol
 
 from freeride.agent.config import AgentConfig
-from freeride.agent.control.scheduler import Scheduler, TaskSlot
+from freeride.agent.control.scheduler import Scheduler
 from freeride.agent.domain.background import Background
-from freeride.agent.domain.events import (
-    Checkpointed,
-    Checkpointing,
-    Control,
-    Failed,
-    Finished,
-    Ready,
-    Steps,
-    Waiting,
-    WindowDone,
-    WorkerMessage,
-    WorkerSetup,
-)
+from freeride.agent.domain.events import Control
 from freeride.agent.domain.model import TaskRecord, TaskState
 from freeride.agent.domain.timers import CallLater, TimerHandle
 from freeride.agent.engine.admission import admit, worker_slot
+from freeride.agent.engine.deadlines import CheckpointDeadlines
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload, ThreadOffload
-from freeride.agent.engine.tasks import Outbox, TaskRuntime, TaskTable, Worker
+from freeride.agent.engine.streams import WAITING, WorkerStreams
+from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
+from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
 from freeride.agent.procs.workers import describe_exit, last_log_line
 from freeride.core import disk
 from freeride.core.exits import NO_RESTART
 from freeride.core.units import format_seconds
-from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
 
-_CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}
-_WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
-_MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
-_FITS_NONE = "waiting: its steps"  # the reason of a task whose steps fit no bubble seen
-_DISK_FULL = _WAITING + disk.WAIT_PREFIX  # the reason of a task that waits for space on a full disk
+_FITS_NONE = WAITING + "its steps"  # the reason of a task whose steps fit no bubble seen
+_DISK_FULL = WAITING + disk.WAIT_PREFIX  # the reason of a task that waits for space on a full disk
 
 
 class Launcher(Protocol):
@@ -63,16 +50,6 @@ class Launcher(Protocol):
     async def settle(self) -> None: ...
 
     def tracking(self) -> TreeScan: ...
-
-
-class TreeScan(Protocol):
-    """A watchdog tick's scan of the workers' process trees (freeride.agent.procs.workers.TreeScan)."""
-
-    def read(self) -> None:
-        """Blocking, in the watchdog's thread: look at the trees."""
-
-    def apply(self) -> None:
-        """On the loop: write down what was found (a worker gone meanwhile is skipped)."""
 
 
 class Supervisor:
@@ -89,15 +66,15 @@ class Supervisor:
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart (or start after a full disk)
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
-        self._stop_deadlines: dict[str, TimerHandle] = {}  # task id -> when its asked-for checkpoint is overdue
-        self._checkpoint_deadlines: dict[str, TimerHandle] = {}  # task id -> when its running checkpoint is overdue
-        self._watchdog: TimerHandle | None = None  # the next check (set once the previous one ended)
-        self._checks = Background("memory watchdog")  # the check in flight (one at most)
-        self._offload: Offload = offload or ThreadOffload("freeride-sample")
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
         self.checkpoint_dir = config.state_dir / "checkpoints"
         self.stopping = False
+        self._deadlines = CheckpointDeadlines(config.checkpoint_timeout_s, table, self._call_later)
+        self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
+                                     lambda: self.stopping)
+        self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
+                                       self._call_later, offload or ThreadOffload("freeride-sample"))
 
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
@@ -186,7 +163,7 @@ class Supervisor:
             self._stop(rt, worker, TaskState.PAUSED)
         elif rec.state is TaskState.SUBMITTED:  # paused and resumed while its process was being created
             self._table.set_state(rec, TaskState.STARTING, reason)
-        elif rec.state in _CONTROL:  # paused or cancelled meanwhile
+        elif rec.state in STOP_CONTROL:  # paused or cancelled meanwhile
             self._stop(rt, worker, rec.state)
 
     def _start_soon(self, rec: TaskRecord, reason: str) -> None:
@@ -215,7 +192,7 @@ class Supervisor:
         tries = self._disk_waits.get(rec.id, 0)
         self._disk_waits[rec.id] = tries + 1
         delay = min(disk.RETRY_S * 2 ** tries, disk.MAX_RETRY_S)
-        reason = _WAITING + disk.wait_reason("its worker's files cannot be created in", self._cfg.state_dir, exc)
+        reason = WAITING + disk.wait_reason("its worker's files cannot be created in", self._cfg.state_dir, exc)
         if rec.reason != reason:
             log.warning("task %s %s; starting it again in %.0fs", rec.id, reason, delay)
         self._table.set_state(rec, TaskState.STARTING, reason)
@@ -234,14 +211,13 @@ class Supervisor:
             rec = self._table.records.get(task_id)
             if (rec is not None and rec.state is TaskState.READY and rt.desired is None
                     and rec.reason.startswith(_DISK_FULL)):
-                self._send(rt, Control.CHECKPOINT)
+                rt.send(Control.CHECKPOINT)
 
     def _on_exit(self, worker: Worker, code: int) -> None:
         if not self._table.worker_exited(worker):  # one removal: its runtime, reservation and sample go
             return
         self._scheduler.remove_task(worker.task_id)
-        self._cancel_stop_deadline(worker.task_id)
-        self._cancel_checkpoint_deadline(worker.task_id)
+        self._deadlines.worker_gone(worker.task_id)
         rec = self._table.records[worker.task_id]
         log.info("task %s: %s", rec.id, describe_exit(code))
         if self._table.waiting_count() and self._admission_pass is None:
@@ -302,76 +278,10 @@ class Supervisor:
     def _stop(self, rt: TaskRuntime, worker: Worker, desired: TaskState) -> None:
         rt.desired = desired
         self._scheduler.stop_granting(worker.task_id)  # what follows its step is a checkpoint, not a step
-        if not self._send(rt, _CONTROL[desired]):
+        if not rt.send(STOP_CONTROL[desired]):
             worker.kill(f"{desired.value.lower()} before it attached")
             return
-        if worker.task_id not in self._stop_deadlines:
-            self._cancel_checkpoint_deadline(worker.task_id)  # a checkpoint under way: this deadline bounds it now
-            timeout_s = self._cfg.checkpoint_timeout_s
-            self._stop_deadlines[worker.task_id] = self._call_later(
-                timeout_s, lambda: self._checkpoint_overdue(worker, timeout_s))
-
-    def _checkpoint_overdue(self, worker: Worker, timeout_s: float) -> None:
-        """A worker asked to stop has not exited within --checkpoint-timeout-s: kill it, and say so in its reason
-        (the stop asked for last: a pause turned into a cancel while it checkpointed is a cancel)."""
-        self._stop_deadlines.pop(worker.task_id, None)
-        rt = self._table.live.get(worker.task_id)
-        if self._table.worker(worker.task_id) is not worker or rt is None or rt.desired is None:
-            return
-        desired = rt.desired
-        rec = self._table.records[worker.task_id]
-        verb = "pause" if desired is TaskState.PAUSED else "cancel"
-        why = (f"its checkpoint after {verb} did not finish within {timeout_s:g}s (--checkpoint-timeout-s); "
-               "its worker was killed, its previous checkpoint is kept")
-        log.warning("task %s: %s", rec.id, why)
-        worker.kill(why)
-        if rec.state is desired:
-            self._table.set_reason(rec, f"{rec.reason}; {why}" if rec.reason else why)
-
-    def _cancel_stop_deadline(self, task_id: str) -> None:
-        timer = self._stop_deadlines.pop(task_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def _on_checkpointing(self, rec: TaskRecord, worker: Worker, active: bool) -> None:
-        """A checkpoint began or ended, whoever asked for it (the interval, the task's end, a stop): it is no step.
-
-        The scheduler grants the task nothing meanwhile and arms no hang timer; `--checkpoint-timeout-s`
-        bounds it instead. One asked for by pause, cancel or shutdown has that deadline already (from the stop).
-        """
-        self._scheduler.checkpointing(rec.id, active)
-        if not active:
-            self._cancel_checkpoint_deadline(rec.id)
-            return
-        rt = self._table.live.get(rec.id)
-        if self.stopping or rt is None or rt.desired is not None or rec.id in self._checkpoint_deadlines:
-            return
-        timeout_s = self._cfg.checkpoint_timeout_s
-        self._checkpoint_deadlines[rec.id] = self._call_later(
-            timeout_s, lambda: self._checkpoint_too_long(worker, timeout_s))
-
-    def _checkpoint_too_long(self, worker: Worker, timeout_s: float) -> None:
-        """A checkpoint nobody stopped the task for ran past --checkpoint-timeout-s: kill the worker (a crash,
-        restarted from its previous checkpoint), saying so."""
-        self._checkpoint_deadlines.pop(worker.task_id, None)
-        if self._table.worker(worker.task_id) is not worker:
-            return
-        why = (f"its checkpoint did not finish within {timeout_s:g}s (--checkpoint-timeout-s); "
-               "its worker was killed, its previous checkpoint is kept")
-        log.warning("task %s: %s", worker.task_id, why)
-        worker.kill(why)
-
-    def _cancel_checkpoint_deadline(self, task_id: str) -> None:
-        timer = self._checkpoint_deadlines.pop(task_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    @staticmethod
-    def _send(rt: TaskRuntime, control: Control) -> bool:
-        if rt.outbox is None:
-            return False
-        rt.outbox.put_nowait(control)
-        return True
+        self._deadlines.stop_asked(worker)
 
     def fit(self, task_id: str, estimate_ns: int, longest_ns: int) -> None:
         """The scheduler found the task's steps too long for every bubble seen (estimate_ns > 0), or granted it a
@@ -399,18 +309,17 @@ class Supervisor:
         self.stopping = True
         for task_id in list(self._restarts):
             self._cancel_restart(task_id)
-        for task_id in list(self._checkpoint_deadlines):  # the grace period bounds every checkpoint from now on
-            self._cancel_checkpoint_deadline(task_id)
-        for timer in (self._watchdog, self._admission_pass):
-            if timer is not None:
-                timer.cancel()
-        await self._checks.wait()  # a sample in flight ends (milliseconds) and is not applied
+        self._deadlines.shutting_down()  # the grace period bounds every checkpoint from now on
+        self.watchdog.stop()
+        if self._admission_pass is not None:
+            self._admission_pass.cancel()
+        await self.watchdog.watched()  # a sample in flight ends (milliseconds) and is not applied
         await self.settle()  # (a spawn takes milliseconds)
         for rt in list(self._table.live.values()):
             if rt.worker is None:
                 continue
             self._scheduler.stop_granting(rt.worker.task_id)
-            if not self._send(rt, Control.PAUSE):
+            if not rt.send(Control.PAUSE):
                 rt.worker.kill("agent shutting down")
         exits = {asyncio.ensure_future(w.exited.wait()) for w in self._table.workers()}
         grace_s = min(self._cfg.shutdown_grace_s, self._cfg.checkpoint_timeout_s)
@@ -424,175 +333,10 @@ class Supervisor:
         finally:
             for f in exits:
                 f.cancel()
-            for task_id in list(self._stop_deadlines):
-                self._cancel_stop_deadline(task_id)
-            for task_id in list(self._checkpoint_deadlines):
-                self._cancel_checkpoint_deadline(task_id)
-            self._offload.close()
+            self._deadlines.cancel_all()
+            self.watchdog.close()
         await self._launcher.settle()
 
-    # -- the memory watchdog ---------------------------------------------------------------------
     def watch_memory(self) -> None:
-        """Check every --memory-check-s; the next check is set once the previous one has ended, so two
-        samples are never in flight."""
-        self._watchdog = self._call_later(self._cfg.memory_check_s, self._check_soon)
-
-    def _check_soon(self) -> None:
-        self._watchdog = None
-        self._checks.spawn(self._check_then_watch())
-
-    async def _check_then_watch(self) -> None:
-        try:
-            await self.check_memory()
-        finally:
-            if not self.stopping:
-                self.watch_memory()
-
-    async def watched(self) -> None:
-        """Until the check in flight (if any) has ended and been applied."""
-        await self._checks.wait()
-
-    async def check_memory(self) -> None:
-        """A worker above its cap is stopped; training and other tasks are not touched. The reads run on the
-        watchdog's thread; what they found is applied here, to the workers still alive."""
-        if self.stopping:
-            return
-        try:
-            await self._check_caps()
-        except Exception:  # the watchdog never stops watching
-            log.exception("memory watchdog: the check failed; checking again in %.2fs", self._cfg.memory_check_s)
-
-    async def _check_caps(self) -> None:
-        live = {task_id: rt.worker for task_id, rt in self._table.live.items() if rt.worker is not None}
-        pids = {task_id: worker.pid for task_id, worker in live.items()}
-        scan = self._launcher.tracking()  # (the same tick writes down what each uncontained worker's tree holds)
-        trainer_free = self._scheduler.trainer_free_memory_bytes
-        admitting = self._table.waiting_count() > 0  # the device's free memory may have grown without any event
-
-        def read() -> tuple[dict[str, int], int | None]:  # in the watchdog's thread: nothing of the loop's state
-            sampled = self._memory.sample(pids)
-            scan.read()
-            usable = self._memory.usable_bytes(pids.values(), trainer_free) if admitting else None
-            return sampled, usable
-
-        sampled, usable = await self._offload.run(read)
-        if self.stopping:
-            return
-        scan.apply()
-        for task_id, used in sampled.items():
-            worker, rt = live[task_id], self._table.live.get(task_id)
-            if rt is None or rt.worker is not worker or worker.exited.is_set():
-                continue  # it exited while its sample was read
-            rec = self._table.records[task_id]
-            rt.memory_bytes = used
-            rec.peak_memory_bytes = max(rec.peak_memory_bytes, used)
-            cap = rec.spec.mem_limit_bytes
-            if cap and used > cap and not worker.kill_reason:
-                reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
-                log.warning("task %s: %s; stopping its worker", task_id, reason)
-                worker.retryable = rec.restarts < self._cfg.memory_cap_restarts
-                worker.kill(reason)
-        if admitting and self._table.waiting_count():
-            self.admit_waiting(lambda: usable)
-
-    # -- the worker's stream ---------------------------------------------------------------------
-    def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:
-        rt = self._table.live.get(task_id)
-        worker = rt.worker if rt is not None else None
-        if rt is None or worker is None or worker.instance != instance:
-            raise InvalidStateError(f"no worker instance {instance} is expected for task {task_id}")
-        rec = self._table.records[task_id]
-        rt.outbox = outbox
-        if rt.desired is not None:  # stopped before it attached (and its kill is still on its way)
-            self._send(rt, _CONTROL[rt.desired])
-        return WorkerSetup(
-            task_ref=rec.spec.ref,
-            args=rec.spec.args,
-            checkpoint_path=str(self.checkpoint_dir / f"task-{task_id}.ckpt"),
-            checkpoint_interval_s=rec.spec.checkpoint_interval_s or self._cfg.checkpoint_interval_s,
-            mem_limit_bytes=rec.spec.mem_limit_bytes,
-        )
-
-    def detach(self, task_id: str, instance: int) -> None:
-        rt = self._table.live.get(task_id)
-        if rt is not None and rt.worker is not None and rt.worker.instance == instance:
-            rt.outbox = None
-            self._scheduler.remove_task(task_id)
-
-    def on_worker_message(self, task_id: str, instance: int, msg: WorkerMessage) -> None:
-        worker = self._table.worker(task_id)
-        if worker is None or worker.instance != instance:
-            return
-        rec = self._table.records[task_id]
-        if isinstance(msg, Steps):
-            self._scheduler.on_steps(task_id, msg)
-            if msg.progress:
-                rec.progress.update(msg.progress)
-            rec.peak_memory_bytes = max(rec.peak_memory_bytes, msg.peak_memory_bytes)
-        elif isinstance(msg, WindowDone):
-            self._scheduler.on_window_done(task_id, msg)
-            if msg.step_estimate_ns:
-                rec.step_estimate_ns = msg.step_estimate_ns
-        elif isinstance(msg, Ready):
-            rec.kind = msg.kind
-            rec.progress.update(msg.progress)
-            # The checkpoint it resumed from: after a kill -9 of the agent, the worker's last checkpoint
-            # (taken when it lost the agent) never reached the ledger as a Checkpointed message.
-            rec.checkpoint_steps = msg.resumed_steps
-            # Nor did the steps before it (the ledger is written behind, a lost window is never accounted):
-            # the task ran at least as many steps as it resumes from.
-            rec.counters.steps = max(rec.counters.steps, msg.resumed_steps)
-            if rec.state is TaskState.STARTING:
-                # Keep why this worker was (re)started visible: a crash, an agent restart.
-                self._table.set_state(rec, TaskState.READY, rec.reason)
-                self._schedule(rec, worker)
-        elif isinstance(msg, Checkpointed):
-            rec.checkpoint_steps = msg.steps
-            rec.progress.update(msg.progress)
-            self._table.checkpointed(rec)
-        elif isinstance(msg, Finished):
-            rec.progress.update(msg.progress)
-            self._scheduler.remove_task(task_id)
-            if not rec.state.terminal:
-                self._table.set_state(rec, TaskState.DONE)
-        elif isinstance(msg, Failed):
-            worker.failure = msg.reason
-            worker.retryable = msg.retryable
-            rt = self._table.live.get(task_id)
-            if rt is not None and rt.desired is not None and rec.state is rt.desired:
-                # Its checkpoint on pause or cancel failed: its exit is no crash, yet the user must hear of it.
-                self._table.set_reason(rec, f"{rec.reason}; its checkpoint failed: {msg.reason}")
-        elif isinstance(msg, Waiting):
-            self._on_waiting(rec, worker, msg)
-        elif isinstance(msg, Checkpointing):
-            self._on_checkpointing(rec, worker, msg.active)
-
-    def _schedule(self, rec: TaskRecord, worker: Worker) -> None:
-        """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back
-        (not once it was asked to stop: the agent shutting down, or the task paused or cancelled)."""
-        rt = self._table.live.get(rec.id)
-        if self.stopping or rt is None or rt.desired is not None:
-            return
-        self._scheduler.add_task(TaskSlot(
-            task_id=rec.id, priority=rec.spec.priority, port=worker.window, counters=rec.counters,
-            step_estimate_ns=rec.step_estimate_ns or None,
-        ))
-
-    def _on_waiting(self, rec: TaskRecord, worker: Worker, msg: Waiting) -> None:
-        """A task that waits for a resource holds no window and is no candidate; its reason says what it waits for.
-
-        Its WindowDone came first on the same stream, so the window it gave back was released (and handed
-        on) as usual. It stays READY: pause, cancel and shutdown reach its worker as they reach any other,
-        and with no window it has no step that could hang.
-        """
-        if msg.waiting:
-            self._scheduler.remove_task(rec.id)  # a window granted before this message is handed on
-            reason = _WAITING + " ".join(msg.reason.split())[:_MAX_WAITING_REASON]
-            if rec.state is TaskState.READY and rec.reason != reason:
-                log.info("task %s %s", rec.id, reason)
-                self._table.set_reason(rec, reason)
-        elif rec.state is TaskState.READY and rec.id not in self._scheduler.tasks:
-            log.info("task %s: what it waited for is back", rec.id)
-            if rec.reason.startswith(_WAITING):
-                self._table.set_reason(rec, "")
-            self._schedule(rec, worker)
+        """Start the memory watchdog (freeride.agent.engine.watchdog)."""
+        self.watchdog.watch()

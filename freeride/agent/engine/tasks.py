@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.control.scheduler import WindowPort
+from freeride.agent.control.slots import WindowPort
 from freeride.agent.domain.events import Control
 from freeride.agent.domain.model import TaskRecord, TaskState, check_transition
 
 log = logging.getLogger("freeride.agent")
 
 Outbox = asyncio.Queue[Control | None]  # commands to one attached worker; None ends its stream
+STOP_CONTROL = {TaskState.PAUSED: Control.PAUSE, TaskState.CANCELLED: Control.CANCEL}  # a stop, as asked of a worker
 
 
 class Change(enum.Enum):
@@ -74,6 +75,13 @@ class TaskRuntime:
     desired: TaskState | None = None  # PAUSED or CANCELLED: asked of the worker, which checkpoints and exits
     memory_bytes: int | None = None  # the worker's memory at the watchdog's latest sample
 
+    def send(self, control: Control) -> bool:
+        """Put `control` on the stream to its worker; False when no worker is attached."""
+        if self.outbox is None:
+            return False
+        self.outbox.put_nowait(control)
+        return True
+
 
 def copy_record(rec: TaskRecord) -> TaskRecord:
     """A copy that later changes to `rec` do not reach (for the database thread and for watchers)."""
@@ -107,6 +115,11 @@ class TaskTable:
         """The tasks that wait for memory, highest priority first (then oldest)."""
         ids = [i for i, rt in self.live.items() if rt.waiting is not None]
         return sorted((self.records[i] for i in ids), key=lambda r: (-r.spec.priority, int(r.id)))
+
+    def over(self, task_id: str) -> bool:
+        """Nothing of the task runs or will run: it is gone, or over (or PAUSED) with its worker exited."""
+        rec = self.records.get(task_id)
+        return rec is None or ((rec.state.terminal or rec.state is TaskState.PAUSED) and self.worker(task_id) is None)
 
     def waiting_count(self) -> int:
         return sum(1 for rt in self.live.values() if rt.waiting is not None)
