@@ -1,13 +1,15 @@
 """`sidetasks`: every shipped side task, with device=cuda, makes progress in a real agent's bubbles.
 
-One agent on the check's GPU; the four tasks are submitted together, their workers come up (each sets up on
-the GPU), then a trainer stand-in reports a 40 ms bubble every 50 ms until each task has run steps (or
-finished). Passed when every task's steps grew and none failed.
+One agent on the check's GPU; the five tasks (batch generation with a KV cache among them) are submitted
+together, their workers come up (each sets up on the GPU), then a trainer stand-in reports a 40 ms bubble
+every 50 ms until each task has run steps (or finished). Passed when every task's steps grew and none failed.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from freeride.client import AgentClient
@@ -30,7 +32,19 @@ def shipped(ctx: CheckContext) -> dict[str, tuple[str, dict[str, str]]]:
         "components": ("sidetasks.components:ConnectedComponents", {"device": "cuda"}),
         "thumbnails": ("sidetasks.images:Thumbnails", {"device": "cuda", "images": "200",
                                                        "out_dir": str(ctx.work / "thumbnails")}),
+        "generate": ("sidetasks.generate:Generate", {"device": "cuda", "prompts": str(_prompts(ctx)),
+                                                     "out": str(ctx.work / "generate.jsonl"), "max_new_tokens": "32"}),
     }
+
+
+def _prompts(ctx: CheckContext) -> Path:
+    """The batch generation task's prompts (JSON lines, one a prompt): 200 short ones, enough for ten steps."""
+    path = ctx.work / "prompts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    words = ("def", "class", "import", "return", "while", "lambda", "yield", "with")
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": " ".join(words[: i % 8 + 1])}) + "\n"
+                            for i in range(200)))
+    return path
 
 
 def sidetasks(ctx: CheckContext) -> Outcome:
