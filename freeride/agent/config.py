@@ -1,4 +1,9 @@
-"""The agent's one frozen, validated configuration; every field has a FREERIDE_* twin."""
+"""The agent's one frozen, validated configuration: each setting declared once, on its field.
+
+A field's `Setting` (its metadata) names its flag, its FREERIDE_* environment twin, its help line, the unit it is
+given in and its concern (access, workers, CPU, GPU, state); `freeride.cli.settings` builds the argparse groups
+from them and `env_defaults` reads the twins. Flags override the environment, the environment the defaults.
+"""
 
 from __future__ import annotations
 
@@ -6,88 +11,186 @@ import grp
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from freeride.core.cpu import Placement, allowed_cpus, parse_cpu_list
 from freeride.core.paths import default_socket
-from freeride.core.units import parse_retention, parse_size
+from freeride.core.units import format_size, parse_retention, parse_size
 from freeride.errors import FreerideError, InvalidSpecError
 
 # A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
 # --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
 MAX_CHECK_TIMEOUT_S = 40.0
+_T = TypeVar("_T")
 
 
 class ConfigError(FreerideError):
     """A configuration value is invalid; the message says which and what to use."""
 
 
+Group = Literal["access", "workers", "cpu", "gpu", "state"]
+GROUPS: dict[Group, str] = {
+    "access": "access: sockets, TCP, token, metrics, the trainers' bubble path (docs/operations.md)",
+    "workers": "side-task workers: how many, their timing, restarts, checkpoints, containment (docs/operations.md)",
+    "cpu": "the agent and its side-task workers on the CPU (docs/operations.md)",
+    "gpu": "GPU (docs/gpu.md)",
+    "state": "state: the state directory, its retention, the logs (docs/operations.md)",
+}
+"""The concerns settings are grouped by: one argparse group each, in this order, under `freeride agent --help`."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting's command-line and environment side, declared once beside its AgentConfig field.
+
+    `help` may name `{default}` (the field's default as the flag takes it: a size as 1GiB); every help line then
+    ends the same way, naming the twin: `[env FREERIDE_X]`.
+    """
+
+    group: Group
+    help: str
+    flag: str = ""  # default: --field-name
+    env: str = ""  # default: FREERIDE_FIELD_NAME
+    metavar: str | None = None  # the unit the value is given in (SIZE, PCT, LIST, ...); default: argparse's
+    const: str | None = None  # what a bare flag (no value) means; None: it needs one
+    doctor: bool = False  # `freeride doctor` takes it too, to check what the agent would use
+
+
+def setting(default: _T, group: Group, help: str, **more: Any) -> _T:
+    """A field's default with its Setting as metadata (typed as the default, for the dataclass)."""
+    return field(default=default, metadata={"setting": Setting(group, help, **more)})
+
+
 @dataclass(frozen=True)
 class AgentConfig:
-    gpu: int = 0
-    state_dir: Path = Path("freeride-state")  # relative: to the agent's working directory (the units pass one)
-    socket: Path | None = None  # default: default_socket(gpu)
-    tcp: str = ""  # host:port; empty means unix socket only
-    margin_ms: float = 0.2
-    max_restarts: int = 3
-    restart_backoff_s: float = 1.0
-    checkpoint_interval_s: float = 60.0
-    hang_timeout_s: float = 5.0
-    shutdown_grace_s: float = 10.0
-    # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
-    # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
-    # Any other checkpoint (the interval's, the task's last) must end this long after it began.
-    checkpoint_timeout_s: float = 300.0
-    memory_check_s: float = 0.25  # how often worker memory is checked against its cap
-    log_format: str = "text"
-    # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
-    # at most twice this on disk per task, the newest output always kept.
-    log_max_bytes: int = 16 << 20
-    # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
-    # the least recently written files are removed first (freeride.agent.procs.logbudget). At least twice log_max_bytes.
-    log_total_bytes: int = 1 << 30
-    # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
-    # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
-    disk_warn_percent: int = 90
-    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.procs.cgroups);
-    # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
-    cgroups: str = "auto"
-    # GPU layer (freeride.gpu): see docs/gpu.md
-    fake_gpu: str = ""  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
-    headroom_bytes: int = 1 << 30  # kept free on the GPU beyond what the trainer needs
-    memory_cap_restarts: int = 0  # restarts (with backoff) after memory_cap_exceeded; 0: FAILED at once
-    mps: str = "off"  # off | start | use
-    mps_control: str = "nvidia-cuda-mps-control"  # the control program (a command line)
-    mps_pipe_dir: Path | None = None  # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
-    mps_log_dir: Path | None = None  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
-    mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
-    metrics_port: int = 0  # Prometheus /metrics on this port; 0: off
-    metrics_addr: str = "127.0.0.1"  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
-    socket_mode: str = "0660"  # octal permissions of the unix socket: submitting runs code
-    socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
+    # -- access -----------------------------------------------------------------------------------
+    socket: Path | None = setting(  # default: default_socket(gpu)
+        None, "access", "unix socket path (default: per GPU)", metavar="PATH", doctor=True)
+    tcp: str = setting(  # host:port; empty means unix socket only
+        "", "access", "also listen on HOST:PORT; needs --token-file (default: off)", metavar="HOST:PORT")
+    socket_mode: str = setting(  # octal permissions of the unix socket: submitting runs code
+        "0660", "access", "octal permissions of the unix socket (default {default})", metavar="MODE")
+    socket_group: str = setting(  # group (name or gid) given the socket; empty: the agent's own
+        "", "access", "group that may use the socket: submit, report (default: the agent's own)", metavar="GROUP")
     # A --socket-mode with "other" bits lets every local user list, cancel and submit code that runs as the
     # agent's user: refused unless this is set (env FREERIDE_ALLOW_WORLD_SOCKET=1), for a host whose users are all
     # trusted or a socket directory that already keeps them out.
-    allow_world_socket: bool = False
-    token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
-    bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    allow_world_socket: bool = setting(
+        False, "access", "accept a --socket-mode that lets every local user submit code running as the agent's "
+                         "user (refused without it)")
+    token_file: Path | None = setting(  # bearer token every TCP call must carry; required with --tcp
+        None, "access", "bearer token every TCP call must carry; required with --tcp", metavar="PATH")
+    metrics_port: int = setting(  # Prometheus /metrics on this port; 0: off
+        0, "access", "serve Prometheus /metrics on this port (default: off)", metavar="PORT")
+    metrics_addr: str = setting(  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
+        "127.0.0.1", "access", "address /metrics binds to; 0.0.0.0 for a scraper on another host "
+                               "(default {default})", metavar="ADDR")
+    # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    bubble_path: Literal["auto", "grpc"] = setting(
+        "auto", "access", "auto (default): trainers on this host report through a shared-memory ring; grpc: keep "
+                          "every trainer on its gRPC stream, e.g. where shared memory is not allowed")
+    # -- side-task workers ------------------------------------------------------------------------
+    margin_ms: float = setting(
+        0.2, "workers", "safety margin cut from each window (default {default})", metavar="MS")
     # Resident side-task workers at once; more tasks wait (queued) and start, highest priority then oldest, as
     # workers exit. Each worker is a Python process (~40 MB of host memory before the task's own, plus a CUDA
     # context on a GPU) taking CPU time the trainer's host threads may need: 8 keeps a busy GPU's bubbles filled.
-    max_workers: int = 8
-    check_timeout_s: float = 20.0  # a submit's reference check (import + check_args) is killed after this long
-    # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
-    # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
-    retention: str = "forever"
-    # Side-task workers on the CPU (freeride.core.cpu): training's own CPU work (data loading, kernel launches)
-    # comes first, so workers run at the lowest priority by default; niceness costs nothing on an idle core.
-    worker_nice: int = 19  # 0..19
-    worker_cpus: str = ""  # CPU list like "0-3,8"; empty: the agent's own CPUs
-    worker_sched: str = "other"  # other | idle (SCHED_IDLE: only CPU time nothing else wants)
+    max_workers: int = setting(
+        8, "workers", "side-task workers resident at once; more tasks wait, queued (default {default})", metavar="N")
+    max_restarts: int = setting(
+        3, "workers", "crash restarts before FAILED (default {default})", metavar="N")
+    restart_backoff_s: float = setting(
+        1.0, "workers", "first restart delay (default {default})", metavar="SECONDS")
+    checkpoint_interval_s: float = setting(
+        60.0, "workers", "periodic checkpoint interval (default {default})", metavar="SECONDS")
+    hang_timeout_s: float = setting(
+        5.0, "workers", "kill a step this long after its window closed (default {default})", metavar="SECONDS")
+    shutdown_grace_s: float = setting(
+        10.0, "workers", "time to checkpoint on SIGTERM (default {default})", metavar="SECONDS")
+    # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
+    # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
+    # Any other checkpoint (the interval's, the task's last) must end this long after it began.
+    checkpoint_timeout_s: float = setting(
+        300.0, "workers", "time a paused or cancelled task's worker gets to finish its step and checkpoint, and any "
+                          "checkpoint gets, before it is killed (default {default})", metavar="SECONDS")
+    check_timeout_s: float = setting(  # a submit's reference check (import + check_args) is killed after this long
+        20.0, "workers", "a submitted task's import and check_args must finish within this, else the submit is "
+                         "refused (default {default}, at most 40)", metavar="SECONDS")
+    memory_check_s: float = setting(  # how often worker memory is checked against its cap
+        0.25, "workers", "how often worker memory is checked against its cap (default {default})",
+        metavar="SECONDS")
+    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.procs.cgroups);
+    # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
+    cgroups: Literal["auto", "off"] = setting(
+        "auto", "workers", "auto (default): each worker in a cgroup of its own, killed with all it started, where "
+                           "the agent may create cgroups; off: process group and environment mark only")
+    # -- CPU placement (freeride.core.cpu) --------------------------------------------------------
+    # Training's own CPU work (data loading, kernel launches) comes first, so workers run at the lowest priority by
+    # default; niceness costs nothing on an idle core.
+    worker_nice: int = setting(
+        19, "cpu", "niceness of every worker and what it starts (default {default}: training's CPU work comes "
+                   "first)", metavar="0..19")
+    worker_cpus: str = setting(  # CPU list like "0-3,8"; empty: the agent's own CPUs
+        "", "cpu", "CPUs workers may run on, e.g. 0-3,8 (default: the agent's own)", metavar="LIST")
+    worker_sched: Literal["other", "idle"] = setting(  # idle: SCHED_IDLE, only CPU time nothing else wants
+        "other", "cpu", "other (default): normal scheduling at --worker-nice; idle: SCHED_IDLE, only CPU time "
+                        "nothing else wants")
     # The agent's own threads (event loop, gRPC's): a CPU list, or empty to stay where it was started. Off the
     # ranks' cores, the agent a bubble edge wakes runs beside training instead of preempting it in its hook.
-    agent_cpus: str = ""
+    agent_cpus: str = setting(
+        "", "cpu", "CPUs the agent itself runs on, e.g. a core no training rank uses, so that a bubble edge's "
+                   "wake-up never preempts a rank in its hook (default: where it was started; workers keep those "
+                   "CPUs unless --worker-cpus says otherwise)", metavar="LIST")
+    # -- GPU layer (freeride.gpu): see docs/gpu.md ------------------------------------------------
+    gpu: int = setting(0, "gpu", "GPU index this agent serves (default {default})", metavar="N", doctor=True)
+    fake_gpu: str = setting(  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
+        "", "gpu", "run on a fake GPU, e.g. 'name=Fake H100,total=80GiB,used=60GiB' (alone: a default one)",
+        metavar="SPEC", const="default", doctor=True)
+    headroom_bytes: int = setting(  # kept free on the GPU beyond what the trainer needs
+        1 << 30, "gpu", "GPU memory kept free beyond the trainer's needs (default {default})", flag="--headroom",
+        metavar="SIZE", doctor=True)
+    memory_cap_restarts: int = setting(  # restarts (with backoff) after memory_cap_exceeded; 0: FAILED at once
+        0, "gpu", "restarts after memory_cap_exceeded before FAILED (default 0: FAILED at once)", metavar="N",
+        doctor=True)
+    mps: Literal["off", "start", "use"] = setting(
+        "off", "gpu", "CUDA MPS: off (default), start a control daemon, or use a running one", doctor=True)
+    mps_control: str = setting(  # the control program (a command line)
+        "nvidia-cuda-mps-control", "gpu", "MPS control program (default {default})", metavar="PROGRAM", doctor=True)
+    # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
+    mps_pipe_dir: Path | None = setting(
+        None, "gpu", "MPS pipe directory (default: per GPU beside the socket)", metavar="PATH", doctor=True)
+    mps_log_dir: Path | None = setting(  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
+        None, "gpu", "MPS log directory (default: beside the pipe directory)", metavar="PATH", doctor=True)
+    mps_thread_percentage: int = setting(  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
+        0, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks (default: not set)", metavar="PCT", doctor=True)
+    # -- state and logs ---------------------------------------------------------------------------
+    state_dir: Path = setting(  # relative: to the agent's working directory (the units pass one)
+        Path("freeride-state"), "state", "registry, ledger, checkpoints, logs (default ./{default}: relative to the "
+                                         "directory the agent starts in)", metavar="PATH", doctor=True)
+    # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
+    # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
+    retention: str = setting(
+        "forever", "state", "remove finished tasks (with checkpoint and logs) last changed longer ago than this, "
+                            "like 7d or 12h: at start, then as they expire (default {default})", metavar="DURATION")
+    # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
+    # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
+    disk_warn_percent: int = setting(
+        90, "state", "warn (doctor, the start-up log, /metrics) once the state directory's file system is this "
+                     "full (default {default})", metavar="PCT", doctor=True)
+    log_format: Literal["text", "json"] = setting("text", "state", "log line format (default {default})")
+    # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
+    # at most twice this on disk per task, the newest output always kept.
+    log_max_bytes: int = setting(
+        16 << 20, "state", "each task's log rotates at this size, at most 2x kept (default {default})",
+        metavar="SIZE")
+    # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
+    # the least recently written files are removed first (freeride.agent.procs.logbudget). At least twice log_max_bytes.
+    log_total_bytes: int = setting(
+        1 << 30, "state", "all tasks' logs together stay under this; past it the least recently written files go "
+                          "first (default {default}, at least 2x --log-max-bytes)", metavar="SIZE")
 
     @property
     def socket_path(self) -> Path:
@@ -239,31 +342,77 @@ class AgentConfig:
         )
 
 
-def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
-    """Values from FREERIDE_<FIELD> variables, converted to each field's type as its flag converts it: a
-    `*_bytes` field takes a size like its flag (64KiB), a number must be finite."""
-    out: dict[str, object] = {}
+Kind = Literal["switch", "whole", "number", "size", "path", "text", "choice"]
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A setting as the CLI and the environment see it: the field's Setting with its names resolved."""
+
+    name: str  # the AgentConfig field
+    flag: str
+    env: str
+    kind: Kind  # how a flag's or twin's text becomes the field's value
+    default: object
+    setting: Setting
+    choices: tuple[str, ...] = ()  # a Literal field's values, in declaration order
+
+    @property
+    def help(self) -> str:
+        """The help line: the declared text, its default filled in, then the twin, the same way for all."""
+        shown = _show(self.kind, self.default)
+        twin = f"{self.env}=1" if self.kind == "switch" else self.env
+        return f"{self.setting.help.format(default=shown)} [env {twin}]"
+
+
+@cache
+def declared() -> tuple[Declared, ...]:
+    """Every setting of AgentConfig, in field order."""
+    hints = get_type_hints(AgentConfig)
+    out = []
     for f in fields(AgentConfig):
-        raw = env.get(f"FREERIDE_{f.name.upper()}")
+        s: Setting = f.metadata["setting"]
+        hint = hints[f.name]
+        choices = tuple(get_args(hint)) if get_origin(hint) is Literal else ()
+        out.append(Declared(f.name, s.flag or f"--{f.name.replace('_', '-')}", s.env or f"FREERIDE_{f.name.upper()}",
+                            _kind(f.name, hint, choices), f.default, s, choices))
+    return tuple(out)
+
+
+def _kind(name: str, hint: object, choices: tuple[str, ...]) -> Kind:
+    if choices:
+        return "choice"
+    if hint is bool:
+        return "switch"
+    if hint is int:
+        return "size" if name.endswith("_bytes") else "whole"
+    if hint is float:
+        return "number"
+    if hint is str:
+        return "text"
+    return "path"  # Path, Path | None
+
+
+def _show(kind: Kind, default: object) -> str:
+    if kind == "size" and isinstance(default, int):
+        return format_size(default)
+    if kind == "number" and isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
+    """Values from the settings' FREERIDE_* twins, converted as each flag converts its value: a size like 64KiB,
+    a number that must be finite, a switch as systemd and Kubernetes write one."""
+    out: dict[str, object] = {}
+    for d in declared():
+        raw = env.get(d.env)
         if raw is None or raw == "":
             continue
-        kind = _ENV_TYPES.get(str(f.type))
         try:
-            if "Path" in str(f.type):
-                out[f.name] = Path(raw)
-            elif f.name.endswith("_bytes"):
-                out[f.name] = parse_size(raw)
-            elif str(f.type) == "bool":
-                out[f.name] = _flag(raw)
-            elif kind is not None:
-                out[f.name] = kind(raw)
-            else:
-                out[f.name] = raw
+            out[d.name] = _ENV_PARSE[d.kind](raw)
         except (ValueError, InvalidSpecError):
-            what = ("size like 64KiB or 1GiB" if f.name.endswith("_bytes")
-                    else "finite number" if str(f.type) == "float"
-                    else "switch: 1, true, yes or 0, false, no" if str(f.type) == "bool" else str(f.type))
-            raise ConfigError(f"FREERIDE_{f.name.upper()}={raw!r} is not a valid {what}") from None
+            raise ConfigError(f"{d.env}={raw!r} is not a valid {_ENV_WHAT[d.kind]}") from None
     return out
 
 
@@ -285,4 +434,11 @@ def _flag(raw: str) -> bool:
     raise ValueError(raw)
 
 
-_ENV_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": _finite, "str": str}
+# A choice's twin is taken as written: validate() refuses a value outside the choices with the flag's message.
+_ENV_PARSE: dict[Kind, Callable[[str], object]] = {
+    "switch": _flag, "whole": int, "number": _finite, "size": parse_size, "path": Path, "text": str, "choice": str,
+}
+_ENV_WHAT: dict[Kind, str] = {
+    "switch": "switch: 1, true, yes or 0, false, no", "whole": "int", "number": "finite number",
+    "size": "size like 64KiB or 1GiB", "path": "path", "text": "str", "choice": "str",
+}
