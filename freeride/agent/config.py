@@ -1,67 +1,32 @@
 """The agent's one frozen, validated configuration: each setting declared once, on its field.
 
 A field's `Setting` (its metadata) names its flag, its FREERIDE_* environment twin, its help line, the unit it is
-given in and its concern (access, workers, CPU, GPU, state); `freeride.cli.settings` builds the argparse groups
-from them and `env_defaults` reads the twins. Flags override the environment, the environment the defaults.
+given in and its concern (access, workers, CPU, GPU, state), as freeride.agent.settings defines them;
+freeride.cli.settings builds the argparse groups from them and `env_defaults` reads the twins. Flags override
+the environment, the environment the defaults.
 """
 
 from __future__ import annotations
 
 import grp
-import math
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Literal
 
+from freeride.agent.settings import ConfigError, Declared, declarations, read_env, setting
 from freeride.core.cpu import Placement, allowed_cpus, parse_cpu_list
 from freeride.core.paths import default_socket
-from freeride.core.units import format_size, parse_retention, parse_size
-from freeride.errors import FreerideError, InvalidSpecError
+from freeride.core.units import parse_retention
+from freeride.errors import InvalidSpecError
+
+__all__ = ["MAX_CHECK_TIMEOUT_S", "AgentConfig", "ConfigError", "declared", "env_defaults"]
 
 # A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
 # --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
 MAX_CHECK_TIMEOUT_S = 40.0
-_T = TypeVar("_T")
-
-
-class ConfigError(FreerideError):
-    """A configuration value is invalid; the message says which and what to use."""
-
-
-Group = Literal["access", "workers", "cpu", "gpu", "state"]
-GROUPS: dict[Group, str] = {
-    "access": "access: sockets, TCP, token, metrics, the trainers' bubble path (docs/operations.md)",
-    "workers": "side-task workers: how many, their timing, restarts, checkpoints, containment (docs/operations.md)",
-    "cpu": "the agent and its side-task workers on the CPU (docs/operations.md)",
-    "gpu": "GPU (docs/gpu.md)",
-    "state": "state: the state directory, its retention, the logs (docs/operations.md)",
-}
-"""The concerns settings are grouped by: one argparse group each, in this order, under `freeride agent --help`."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting's command-line and environment side, declared once beside its AgentConfig field.
-
-    `help` may name `{default}` (the field's default as the flag takes it: a size as 1GiB); every help line then
-    ends the same way, naming the twin: `[env FREERIDE_X]`.
-    """
-
-    group: Group
-    help: str
-    flag: str = ""  # default: --field-name
-    env: str = ""  # default: FREERIDE_FIELD_NAME
-    metavar: str | None = None  # the unit the value is given in (SIZE, PCT, LIST, ...); default: argparse's
-    const: str | None = None  # what a bare flag (no value) means; None: it needs one
-    doctor: bool = False  # `freeride doctor` takes it too, to check what the agent would use
-
-
-def setting(default: _T, group: Group, help: str, **more: Any) -> _T:
-    """A field's default with its Setting as metadata (typed as the default, for the dataclass)."""
-    return field(default=default, metadata={"setting": Setting(group, help, **more)})
 
 
 @dataclass(frozen=True)
@@ -244,14 +209,16 @@ class AgentConfig:
         return f"unix:{self.socket_path}"
 
     def validate(self) -> AgentConfig:
+        for d in declared():
+            if d.choices and getattr(self, d.name) not in d.choices:
+                *first, last = d.choices
+                raise ConfigError(f"{d.flag} must be {', '.join(first)} or {last}, got {getattr(self, d.name)!r}")
         if self.gpu < 0:
             raise ConfigError(f"--gpu must be >= 0, got {self.gpu}")
         if self.margin_ms < 0:
             raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.bubble_path not in ("auto", "grpc"):
-            raise ConfigError(f"--bubble-path must be auto or grpc, got {self.bubble_path!r}")
         if self.max_workers < 1:
             raise ConfigError(f"--max-workers must be >= 1, got {self.max_workers}")
         if not 0 < self.check_timeout_s <= MAX_CHECK_TIMEOUT_S:
@@ -259,8 +226,6 @@ class AgentConfig:
                               f"is answered within the client's deadline), got {self.check_timeout_s}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
-        if self.cgroups not in ("auto", "off"):
-            raise ConfigError(f"--cgroups must be auto or off, got {self.cgroups!r}")
         if self.log_max_bytes < 4096:
             raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
         if self.log_total_bytes < 2 * self.log_max_bytes:
@@ -273,10 +238,6 @@ class AgentConfig:
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
-        if self.mps not in ("off", "start", "use"):
-            raise ConfigError(f"--mps must be off, start or use, got {self.mps!r}")
         if not 0 <= self.mps_thread_percentage <= 100:
             raise ConfigError(f"--mps-thread-percentage must be 0 (unset) .. 100, got {self.mps_thread_percentage}")
         if self.headroom_bytes < 0:
@@ -342,103 +303,13 @@ class AgentConfig:
         )
 
 
-Kind = Literal["switch", "whole", "number", "size", "path", "text", "choice"]
-
-
-@dataclass(frozen=True)
-class Declared:
-    """A setting as the CLI and the environment see it: the field's Setting with its names resolved."""
-
-    name: str  # the AgentConfig field
-    flag: str
-    env: str
-    kind: Kind  # how a flag's or twin's text becomes the field's value
-    default: object
-    setting: Setting
-    choices: tuple[str, ...] = ()  # a Literal field's values, in declaration order
-
-    @property
-    def help(self) -> str:
-        """The help line: the declared text, its default filled in, then the twin, the same way for all."""
-        shown = _show(self.kind, self.default)
-        twin = f"{self.env}=1" if self.kind == "switch" else self.env
-        return f"{self.setting.help.format(default=shown)} [env {twin}]"
-
-
 @cache
 def declared() -> tuple[Declared, ...]:
     """Every setting of AgentConfig, in field order."""
-    hints = get_type_hints(AgentConfig)
-    out = []
-    for f in fields(AgentConfig):
-        s: Setting = f.metadata["setting"]
-        hint = hints[f.name]
-        choices = tuple(get_args(hint)) if get_origin(hint) is Literal else ()
-        out.append(Declared(f.name, s.flag or f"--{f.name.replace('_', '-')}", s.env or f"FREERIDE_{f.name.upper()}",
-                            _kind(f.name, hint, choices), f.default, s, choices))
-    return tuple(out)
-
-
-def _kind(name: str, hint: object, choices: tuple[str, ...]) -> Kind:
-    if choices:
-        return "choice"
-    if hint is bool:
-        return "switch"
-    if hint is int:
-        return "size" if name.endswith("_bytes") else "whole"
-    if hint is float:
-        return "number"
-    if hint is str:
-        return "text"
-    return "path"  # Path, Path | None
-
-
-def _show(kind: Kind, default: object) -> str:
-    if kind == "size" and isinstance(default, int):
-        return format_size(default)
-    if kind == "number" and isinstance(default, float):
-        return f"{default:g}"
-    return str(default)
+    return declarations(AgentConfig)
 
 
 def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
     """Values from the settings' FREERIDE_* twins, converted as each flag converts its value: a size like 64KiB,
     a number that must be finite, a switch as systemd and Kubernetes write one."""
-    out: dict[str, object] = {}
-    for d in declared():
-        raw = env.get(d.env)
-        if raw is None or raw == "":
-            continue
-        try:
-            out[d.name] = _ENV_PARSE[d.kind](raw)
-        except (ValueError, InvalidSpecError):
-            raise ConfigError(f"{d.env}={raw!r} is not a valid {_ENV_WHAT[d.kind]}") from None
-    return out
-
-
-def _finite(raw: str) -> float:
-    """A float env value; ValueError for nan and the infinities (as the float flags refuse them)."""
-    value = float(raw)
-    if not math.isfinite(value):
-        raise ValueError(raw)
-    return value
-
-
-def _flag(raw: str) -> bool:
-    """A boolean env value, as systemd and Kubernetes write them; ValueError for anything else."""
-    word = raw.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
-
-
-# A choice's twin is taken as written: validate() refuses a value outside the choices with the flag's message.
-_ENV_PARSE: dict[Kind, Callable[[str], object]] = {
-    "switch": _flag, "whole": int, "number": _finite, "size": parse_size, "path": Path, "text": str, "choice": str,
-}
-_ENV_WHAT: dict[Kind, str] = {
-    "switch": "switch: 1, true, yes or 0, false, no", "whole": "int", "number": "finite number",
-    "size": "size like 64KiB or 1GiB", "path": "path", "text": "str", "choice": "str",
-}
+    return read_env(declared(), env)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from freeride.agent.config import GROUPS, AgentConfig, ConfigError, Declared, Kind, declared, env_defaults
+from freeride.agent.config import AgentConfig, ConfigError, declared, env_defaults
+from freeride.agent.settings import GROUPS, Declared, Kind
 from freeride.cli.common import number, whole
 from freeride.core.units import parse_size
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.config import AgentConfig, declared, env_defaults
+from freeride.agent.config import AgentConfig, ConfigError, declared, env_defaults
 from freeride.cli import app
 from freeride.cli.settings import agent_config
 
@@ -106,3 +106,18 @@ def test_the_operations_guide_lists_each_flag_beside_its_twin() -> None:
     pairs = {(m.group(1), m.group(2)) for line in rows
              if (m := re.match(r"\| `(--[a-z-]+)[^`]*` \| `(FREERIDE_[A-Z0-9_]+)", line))}
     assert {(d.flag, d.env) for d in declared()} <= pairs
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ("FREERIDE_MPS", "--mps must be off, start or use, got 'bogus'"),
+    ("FREERIDE_BUBBLE_PATH", "--bubble-path must be auto or grpc, got 'bogus'"),
+    ("FREERIDE_CGROUPS", "--cgroups must be auto or off, got 'bogus'"),
+    ("FREERIDE_LOG_FORMAT", "--log-format must be text or json, got 'bogus'"),
+    ("FREERIDE_WORKER_SCHED", "--worker-sched must be other or idle, got 'bogus'"),
+])
+def test_a_twin_outside_its_choices_is_refused_naming_the_flag_and_the_choices(env: str, message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        AgentConfig(**env_defaults({env: "bogus"})).validate()  # type: ignore[arg-type]
+    assert str(exc.value) == message
+    assert {d.env for d in declared() if d.choices} == {"FREERIDE_MPS", "FREERIDE_BUBBLE_PATH", "FREERIDE_CGROUPS",
+                                                        "FREERIDE_LOG_FORMAT", "FREERIDE_WORKER_SCHED"}
