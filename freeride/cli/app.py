@@ -98,7 +98,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     lg.set_defaults(func=logs_cli.cmd_logs)
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
-    daemon.add_gpu_args(doc)  # and --gpu, --state-dir, --socket, --disk-warn-percent: the agent's settings
+    daemon.add_doctor_args(doc)  # the agent's GPU settings, --socket, --state-dir, --disk-warn-percent
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=daemon.cmd_doctor)
 

@@ -19,7 +19,7 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     add_settings(p)
 
 
-def add_gpu_args(p: argparse.ArgumentParser) -> None:
+def add_doctor_args(p: argparse.ArgumentParser) -> None:
     """The flags `freeride doctor` shares with the agent: the GPU layer's (docs/gpu.md), the GPU, its paths."""
     add_settings(p, doctor=True)
 
