@@ -1,93 +1,161 @@
-"""The agent's one frozen, validated configuration; every field has a FREERIDE_* twin."""
+"""The agent's one frozen, validated configuration: each setting declared once, on its field.
+
+A field's `Setting` (its metadata) names its flag, its FREERIDE_* environment twin, its help line, the unit it is
+given in and its concern (access, workers, CPU, GPU, state), as freeride.agent.settings defines them;
+freeride.cli.settings builds the argparse groups from them and `env_defaults` reads the twins. Flags override
+the environment, the environment the defaults.
+"""
 
 from __future__ import annotations
 
 import grp
-import math
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Literal
 
+from freeride.agent.settings import ConfigError, Declared, declarations, read_env, setting
 from freeride.core.cpu import Placement, allowed_cpus, parse_cpu_list
 from freeride.core.paths import default_socket
-from freeride.core.units import parse_retention, parse_size
-from freeride.errors import FreerideError, InvalidSpecError
+from freeride.core.units import parse_retention
+from freeride.errors import InvalidSpecError
+
+__all__ = ["MAX_CHECK_TIMEOUT_S", "AgentConfig", "ConfigError", "declared", "env_defaults"]
 
 # A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
 # --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
 MAX_CHECK_TIMEOUT_S = 40.0
 
 
-class ConfigError(FreerideError):
-    """A configuration value is invalid; the message says which and what to use."""
-
-
 @dataclass(frozen=True)
 class AgentConfig:
-    gpu: int = 0
-    state_dir: Path = Path("freeride-state")  # relative: to the agent's working directory (the units pass one)
-    socket: Path | None = None  # default: default_socket(gpu)
-    tcp: str = ""  # host:port; empty means unix socket only
-    margin_ms: float = 0.2
-    max_restarts: int = 3
-    restart_backoff_s: float = 1.0
-    checkpoint_interval_s: float = 60.0
-    hang_timeout_s: float = 5.0
-    shutdown_grace_s: float = 10.0
-    # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
-    # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
-    # Any other checkpoint (the interval's, the task's last) must end this long after it began.
-    checkpoint_timeout_s: float = 300.0
-    memory_check_s: float = 0.25  # how often worker memory is checked against its cap
-    log_format: str = "text"
-    # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
-    # at most twice this on disk per task, the newest output always kept.
-    log_max_bytes: int = 16 << 20
-    # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
-    # the least recently written files are removed first (freeride.agent.procs.logbudget). At least twice log_max_bytes.
-    log_total_bytes: int = 1 << 30
-    # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
-    # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
-    disk_warn_percent: int = 90
-    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.procs.cgroups);
-    # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
-    cgroups: str = "auto"
-    # GPU layer (freeride.gpu): see docs/gpu.md
-    fake_gpu: str = ""  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
-    headroom_bytes: int = 1 << 30  # kept free on the GPU beyond what the trainer needs
-    memory_cap_restarts: int = 0  # restarts (with backoff) after memory_cap_exceeded; 0: FAILED at once
-    mps: str = "off"  # off | start | use
-    mps_control: str = "nvidia-cuda-mps-control"  # the control program (a command line)
-    mps_pipe_dir: Path | None = None  # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
-    mps_log_dir: Path | None = None  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
-    mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
-    metrics_port: int = 0  # Prometheus /metrics on this port; 0: off
-    metrics_addr: str = "127.0.0.1"  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
-    socket_mode: str = "0660"  # octal permissions of the unix socket: submitting runs code
-    socket_group: str = ""  # group (name or gid) given the socket; empty: the agent's own
+    # -- access -----------------------------------------------------------------------------------
+    socket: Path | None = setting(  # default: default_socket(gpu)
+        None, "access", "unix socket path (default: per GPU)", metavar="PATH", doctor=True)
+    tcp: str = setting(  # host:port; empty means unix socket only
+        "", "access", "also listen on HOST:PORT; needs --token-file (default: off)", metavar="HOST:PORT")
+    socket_mode: str = setting(  # octal permissions of the unix socket: submitting runs code
+        "0660", "access", "octal permissions of the unix socket (default {default})", metavar="MODE")
+    socket_group: str = setting(  # group (name or gid) given the socket; empty: the agent's own
+        "", "access", "group that may use the socket: submit, report (default: the agent's own)", metavar="GROUP")
     # A --socket-mode with "other" bits lets every local user list, cancel and submit code that runs as the
     # agent's user: refused unless this is set (env FREERIDE_ALLOW_WORLD_SOCKET=1), for a host whose users are all
     # trusted or a socket directory that already keeps them out.
-    allow_world_socket: bool = False
-    token_file: Path | None = None  # bearer token every TCP call must carry; required with --tcp
-    bubble_path: str = "auto"  # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    allow_world_socket: bool = setting(
+        False, "access", "accept a --socket-mode that lets every local user submit code running as the agent's "
+                         "user (refused without it)")
+    token_file: Path | None = setting(  # bearer token every TCP call must carry; required with --tcp
+        None, "access", "bearer token every TCP call must carry; required with --tcp", metavar="PATH")
+    metrics_port: int = setting(  # Prometheus /metrics on this port; 0: off
+        0, "access", "serve Prometheus /metrics on this port (default: off)", metavar="PORT")
+    metrics_addr: str = setting(  # 0.0.0.0 for a ServiceMonitor scraping the pod or node
+        "127.0.0.1", "access", "address /metrics binds to; 0.0.0.0 for a scraper on another host "
+                               "(default {default})", metavar="ADDR")
+    # auto: offer local trainers a shared-memory ring; grpc: edges stay on their streams
+    bubble_path: Literal["auto", "grpc"] = setting(
+        "auto", "access", "auto (default): trainers on this host report through a shared-memory ring; grpc: keep "
+                          "every trainer on its gRPC stream, e.g. where shared memory is not allowed")
+    # -- side-task workers ------------------------------------------------------------------------
+    margin_ms: float = setting(
+        0.2, "workers", "safety margin cut from each window (default {default})", metavar="MS")
     # Resident side-task workers at once; more tasks wait (queued) and start, highest priority then oldest, as
     # workers exit. Each worker is a Python process (~40 MB of host memory before the task's own, plus a CUDA
     # context on a GPU) taking CPU time the trainer's host threads may need: 8 keeps a busy GPU's bubbles filled.
-    max_workers: int = 8
-    check_timeout_s: float = 20.0  # a submit's reference check (import + check_args) is killed after this long
-    # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
-    # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
-    retention: str = "forever"
-    # Side-task workers on the CPU (freeride.core.cpu): training's own CPU work (data loading, kernel launches)
-    # comes first, so workers run at the lowest priority by default; niceness costs nothing on an idle core.
-    worker_nice: int = 19  # 0..19
-    worker_cpus: str = ""  # CPU list like "0-3,8"; empty: the agent's own CPUs
-    worker_sched: str = "other"  # other | idle (SCHED_IDLE: only CPU time nothing else wants)
+    max_workers: int = setting(
+        8, "workers", "side-task workers resident at once; more tasks wait, queued (default {default})", metavar="N")
+    max_restarts: int = setting(
+        3, "workers", "crash restarts before FAILED (default {default})", metavar="N")
+    restart_backoff_s: float = setting(
+        1.0, "workers", "first restart delay (default {default})", metavar="SECONDS")
+    checkpoint_interval_s: float = setting(
+        60.0, "workers", "periodic checkpoint interval (default {default})", metavar="SECONDS")
+    hang_timeout_s: float = setting(
+        5.0, "workers", "kill a step this long after its window closed (default {default})", metavar="SECONDS")
+    shutdown_grace_s: float = setting(
+        10.0, "workers", "time to checkpoint on SIGTERM (default {default})", metavar="SECONDS")
+    # A worker asked to stop (pause, cancel) must exit this long after the request: its step in progress,
+    # state_dict() and the checkpoint's write. On SIGTERM the shorter of this and shutdown_grace_s applies.
+    # Any other checkpoint (the interval's, the task's last) must end this long after it began.
+    checkpoint_timeout_s: float = setting(
+        300.0, "workers", "time a paused or cancelled task's worker gets to finish its step and checkpoint, and any "
+                          "checkpoint gets, before it is killed (default {default})", metavar="SECONDS")
+    check_timeout_s: float = setting(  # a submit's reference check (import + check_args) is killed after this long
+        20.0, "workers", "a submitted task's import and check_args must finish within this, else the submit is "
+                         "refused (default {default}, at most 40)", metavar="SECONDS")
+    memory_check_s: float = setting(  # how often worker memory is checked against its cap
+        0.25, "workers", "how often worker memory is checked against its cap (default {default})",
+        metavar="SECONDS")
+    # auto: each worker in a cgroup v2 group of its own where the agent may create one (freeride.agent.procs.cgroups);
+    # off: contain workers by process group and environment mark only (docs/operations.md says what each covers)
+    cgroups: Literal["auto", "off"] = setting(
+        "auto", "workers", "auto (default): each worker in a cgroup of its own, killed with all it started, where "
+                           "the agent may create cgroups; off: process group and environment mark only")
+    # -- CPU placement (freeride.core.cpu) --------------------------------------------------------
+    # Training's own CPU work (data loading, kernel launches) comes first, so workers run at the lowest priority by
+    # default; niceness costs nothing on an idle core.
+    worker_nice: int = setting(
+        19, "cpu", "niceness of every worker and what it starts (default {default}: training's CPU work comes "
+                   "first)", metavar="0..19")
+    worker_cpus: str = setting(  # CPU list like "0-3,8"; empty: the agent's own CPUs
+        "", "cpu", "CPUs workers may run on, e.g. 0-3,8 (default: the agent's own)", metavar="LIST")
+    worker_sched: Literal["other", "idle"] = setting(  # idle: SCHED_IDLE, only CPU time nothing else wants
+        "other", "cpu", "other (default): normal scheduling at --worker-nice; idle: SCHED_IDLE, only CPU time "
+                        "nothing else wants")
     # The agent's own threads (event loop, gRPC's): a CPU list, or empty to stay where it was started. Off the
     # ranks' cores, the agent a bubble edge wakes runs beside training instead of preempting it in its hook.
-    agent_cpus: str = ""
+    agent_cpus: str = setting(
+        "", "cpu", "CPUs the agent itself runs on, e.g. a core no training rank uses, so that a bubble edge's "
+                   "wake-up never preempts a rank in its hook (default: where it was started; workers keep those "
+                   "CPUs unless --worker-cpus says otherwise)", metavar="LIST")
+    # -- GPU layer (freeride.gpu): see docs/gpu.md ------------------------------------------------
+    gpu: int = setting(0, "gpu", "GPU index this agent serves (default {default})", metavar="N", doctor=True)
+    fake_gpu: str = setting(  # a FakeDevice spec ("default" or "name=...,total=16GiB,..."); empty: NVML
+        "", "gpu", "run on a fake GPU, e.g. 'name=Fake H100,total=80GiB,used=60GiB' (alone: a default one)",
+        metavar="SPEC", const="default", doctor=True)
+    headroom_bytes: int = setting(  # kept free on the GPU beyond what the trainer needs
+        1 << 30, "gpu", "GPU memory kept free beyond the trainer's needs (default {default})", flag="--headroom",
+        metavar="SIZE", doctor=True)
+    memory_cap_restarts: int = setting(  # restarts (with backoff) after memory_cap_exceeded; 0: FAILED at once
+        0, "gpu", "restarts after memory_cap_exceeded before FAILED (default 0: FAILED at once)", metavar="N",
+        doctor=True)
+    mps: Literal["off", "start", "use"] = setting(
+        "off", "gpu", "CUDA MPS: off (default), start a control daemon, or use a running one", doctor=True)
+    mps_control: str = setting(  # the control program (a command line)
+        "nvidia-cuda-mps-control", "gpu", "MPS control program (default {default})", metavar="PROGRAM", doctor=True)
+    # default: start -> <socket dir>/mps-gpu<N>/pipe; use -> $CUDA_MPS_PIPE_DIRECTORY
+    mps_pipe_dir: Path | None = setting(
+        None, "gpu", "MPS pipe directory (default: per GPU beside the socket)", metavar="PATH", doctor=True)
+    mps_log_dir: Path | None = setting(  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
+        None, "gpu", "MPS log directory (default: beside the pipe directory)", metavar="PATH", doctor=True)
+    mps_thread_percentage: int = setting(  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
+        0, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks (default: not set)", metavar="PCT", doctor=True)
+    # -- state and logs ---------------------------------------------------------------------------
+    state_dir: Path = setting(  # relative: to the agent's working directory (the units pass one)
+        Path("freeride-state"), "state", "registry, ledger, checkpoints, logs (default ./{default}: relative to the "
+                                         "directory the agent starts in)", metavar="PATH", doctor=True)
+    # Finished tasks (DONE, FAILED, CANCELLED) last changed longer ago than this are removed with their checkpoint
+    # and logs, at start and then as they expire: a duration like 7d, 12h, 30m; "0" or "forever": keep them.
+    retention: str = setting(
+        "forever", "state", "remove finished tasks (with checkpoint and logs) last changed longer ago than this, "
+                            "like 7d or 12h: at start, then as they expire (default {default})", metavar="DURATION")
+    # The state directory's file system this full (percent of its space, as an unprivileged writer sees it):
+    # `freeride doctor` warns, the agent says so at start, /metrics' freeride_state_disk_warning is 1.
+    disk_warn_percent: int = setting(
+        90, "state", "warn (doctor, the start-up log, /metrics) once the state directory's file system is this "
+                     "full (default {default})", metavar="PCT", doctor=True)
+    log_format: Literal["text", "json"] = setting("text", "state", "log line format (default {default})")
+    # Each task's log (<state-dir>/logs/task-N.log) becomes task-N.log.1 at this size and a new one starts:
+    # at most twice this on disk per task, the newest output always kept.
+    log_max_bytes: int = setting(
+        16 << 20, "state", "each task's log rotates at this size, at most 2x kept (default {default})",
+        metavar="SIZE")
+    # All tasks' logs together (task-N.log and .log.1 of every task, finished ones too) stay under this: past it,
+    # the least recently written files are removed first (freeride.agent.procs.logbudget). At least twice log_max_bytes.
+    log_total_bytes: int = setting(
+        1 << 30, "state", "all tasks' logs together stay under this; past it the least recently written files go "
+                          "first (default {default}, at least 2x --log-max-bytes)", metavar="SIZE")
 
     @property
     def socket_path(self) -> Path:
@@ -141,14 +209,16 @@ class AgentConfig:
         return f"unix:{self.socket_path}"
 
     def validate(self) -> AgentConfig:
+        for d in declared():
+            if d.choices and getattr(self, d.name) not in d.choices:
+                *first, last = d.choices
+                raise ConfigError(f"{d.flag} must be {', '.join(first)} or {last}, got {getattr(self, d.name)!r}")
         if self.gpu < 0:
             raise ConfigError(f"--gpu must be >= 0, got {self.gpu}")
         if self.margin_ms < 0:
             raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.bubble_path not in ("auto", "grpc"):
-            raise ConfigError(f"--bubble-path must be auto or grpc, got {self.bubble_path!r}")
         if self.max_workers < 1:
             raise ConfigError(f"--max-workers must be >= 1, got {self.max_workers}")
         if not 0 < self.check_timeout_s <= MAX_CHECK_TIMEOUT_S:
@@ -156,8 +226,6 @@ class AgentConfig:
                               f"is answered within the client's deadline), got {self.check_timeout_s}")
         if self.memory_check_s <= 0:
             raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
-        if self.cgroups not in ("auto", "off"):
-            raise ConfigError(f"--cgroups must be auto or off, got {self.cgroups!r}")
         if self.log_max_bytes < 4096:
             raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
         if self.log_total_bytes < 2 * self.log_max_bytes:
@@ -170,10 +238,6 @@ class AgentConfig:
         for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError(f"--log-format must be 'text' or 'json', got {self.log_format!r}")
-        if self.mps not in ("off", "start", "use"):
-            raise ConfigError(f"--mps must be off, start or use, got {self.mps!r}")
         if not 0 <= self.mps_thread_percentage <= 100:
             raise ConfigError(f"--mps-thread-percentage must be 0 (unset) .. 100, got {self.mps_thread_percentage}")
         if self.headroom_bytes < 0:
@@ -239,50 +303,13 @@ class AgentConfig:
         )
 
 
+@cache
+def declared() -> tuple[Declared, ...]:
+    """Every setting of AgentConfig, in field order."""
+    return declarations(AgentConfig)
+
+
 def env_defaults(env: Mapping[str, str]) -> dict[str, object]:
-    """Values from FREERIDE_<FIELD> variables, converted to each field's type as its flag converts it: a
-    `*_bytes` field takes a size like its flag (64KiB), a number must be finite."""
-    out: dict[str, object] = {}
-    for f in fields(AgentConfig):
-        raw = env.get(f"FREERIDE_{f.name.upper()}")
-        if raw is None or raw == "":
-            continue
-        kind = _ENV_TYPES.get(str(f.type))
-        try:
-            if "Path" in str(f.type):
-                out[f.name] = Path(raw)
-            elif f.name.endswith("_bytes"):
-                out[f.name] = parse_size(raw)
-            elif str(f.type) == "bool":
-                out[f.name] = _flag(raw)
-            elif kind is not None:
-                out[f.name] = kind(raw)
-            else:
-                out[f.name] = raw
-        except (ValueError, InvalidSpecError):
-            what = ("size like 64KiB or 1GiB" if f.name.endswith("_bytes")
-                    else "finite number" if str(f.type) == "float"
-                    else "switch: 1, true, yes or 0, false, no" if str(f.type) == "bool" else str(f.type))
-            raise ConfigError(f"FREERIDE_{f.name.upper()}={raw!r} is not a valid {what}") from None
-    return out
-
-
-def _finite(raw: str) -> float:
-    """A float env value; ValueError for nan and the infinities (as the float flags refuse them)."""
-    value = float(raw)
-    if not math.isfinite(value):
-        raise ValueError(raw)
-    return value
-
-
-def _flag(raw: str) -> bool:
-    """A boolean env value, as systemd and Kubernetes write them; ValueError for anything else."""
-    word = raw.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
-
-
-_ENV_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": _finite, "str": str}
+    """Values from the settings' FREERIDE_* twins, converted as each flag converts its value: a size like 64KiB,
+    a number that must be finite, a switch as systemd and Kubernetes write one."""
+    return read_env(declared(), env)

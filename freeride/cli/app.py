@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from freeride.cli import _agents, daemon, manage, tasks
@@ -99,15 +98,7 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     lg.set_defaults(func=logs_cli.cmd_logs)
 
     doc = sub.add_parser("doctor", help="check driver, NVML, GPU mode, MPS and directories; say how to fix them")
-    daemon.add_gpu_args(doc)
-    doc.add_argument("--gpu", type=whole(0), help="GPU index to check (env FREERIDE_GPU)")
-    doc.add_argument("--state-dir", type=Path,
-                     help="the agent's state dir (env FREERIDE_STATE_DIR; default ./freeride-state, relative to the "
-                          "directory the command runs in)")
-    doc.add_argument("--socket", type=Path, help="the agent's socket path (env FREERIDE_SOCKET)")
-    doc.add_argument("--disk-warn-percent", type=whole(1, 100), metavar="PCT",
-                     help="warn once the state dir's file system is this full (env FREERIDE_DISK_WARN_PERCENT; "
-                          "default 90)")
+    daemon.add_doctor_args(doc)  # the agent's GPU settings, --socket, --state-dir, --disk-warn-percent
     doc.add_argument("--json", action="store_true", help="print JSON")
     doc.set_defaults(func=daemon.cmd_doctor)
 

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 import yaml
 from deploy_files import DEPLOY
 
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import declared
 
 K8S = DEPLOY / "kubernetes"
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -138,7 +137,7 @@ def test_metrics_service_and_monitor_cover_every_agent() -> None:
 
 def test_configmap_sets_only_agent_variables_and_the_grace_period_covers_the_checkpoints() -> None:
     data = _one("ConfigMap")["data"]
-    known = {f"FREERIDE_{f.name.upper()}" for f in fields(AgentConfig)}
+    known = {d.env for d in declared()}
     known |= {"FREERIDE_LOG_LEVEL", "FREERIDE_SOCKET_DIR"}  # read by the CLI and the socket lookup
     assert {k for k in data if k.startswith("FREERIDE_")} <= known
     for key in ("FREERIDE_GPU", "FREERIDE_STATE_DIR", "FREERIDE_SOCKET"):

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from deploy_files import DEPLOY, Unit, parse_environment, read_env_file, specifiers
 
 from freeride.agent import _systemd
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import AgentConfig, declared
 from freeride.client import AgentClient
 
 SYSTEMD = DEPLOY / "systemd"
@@ -68,7 +67,7 @@ def test_agent_unit_is_a_notify_service_ordered_after_the_gpu_daemons() -> None:
 
 def test_env_file_sets_only_variables_the_agent_reads() -> None:
     """A misspelt FREERIDE_* name would be silently ignored: every name must be a flag's twin."""
-    known = {f"FREERIDE_{f.name.upper()}" for f in fields(AgentConfig)} | {"FREERIDE_LOG_LEVEL"}
+    known = {d.env for d in declared()} | {"FREERIDE_LOG_LEVEL"}
     path = SYSTEMD / "freeride.env"
     active = read_env_file(path)
     assert {k for k in active if k.startswith("FREERIDE_")} <= known
@@ -78,9 +77,9 @@ def test_env_file_sets_only_variables_the_agent_reads() -> None:
                  if line.startswith("#FREERIDE_")}
     assert commented <= known
     defaults = AgentConfig()
-    for f in fields(AgentConfig):
-        if (raw := active.get(f"FREERIDE_{f.name.upper()}")) is not None and f.name not in ("state_dir", "socket"):
-            assert type(getattr(defaults, f.name))(raw) == getattr(defaults, f.name), f"{f.name}: not the default"
+    for d in declared():
+        if (raw := active.get(d.env)) is not None and d.name not in ("state_dir", "socket"):
+            assert type(getattr(defaults, d.name))(raw) == getattr(defaults, d.name), f"{d.name}: not the default"
 
 
 def test_notify_reaches_an_abstract_namespace_socket() -> None:
