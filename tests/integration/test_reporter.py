@@ -203,11 +203,13 @@ def test_a_second_trainer_claiming_a_rank_is_refused_said_once_and_the_first_is_
 ) -> None:
     """Round 2, item 10: two trainers on one rank were both accepted, and their interleaved edges lost 43 % of the
     bubbles and opened more windows than there were bubbles."""
-    client.submit(spec("Counter", step_ms=0.5))
+    task = client.submit(spec("Counter", step_ms=0.5))
+    wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])  # (an agent with no READY task grants no window)
     first = BubbleReporter(agent.target, rank=0)
-    second = BubbleReporter(agent.target, rank=0, **FAST_RECONNECT)
+    second = None
     try:
-        assert first.wait_connected(10), agent.log_tail()
+        assert first.wait_connected(10), agent.log_tail()  # the first holds the rank before the second says hello
+        second = BubbleReporter(agent.target, rank=0, **FAST_RECONNECT)
         with caplog.at_level(logging.WARNING, logger="freeride.trainer.reporter"):
             assert second.wait_refused(3, 20), f"the second trainer of rank 0 was not refused: path {second.path!r}"
         assert second.path == "" and not second.wait_connected(0)
@@ -223,7 +225,8 @@ def test_a_second_trainer_claiming_a_rank_is_refused_said_once_and_the_first_is_
         assert second.sent == 0 and second.dropped == 4 * iterations  # dropped and counted, never raised
     finally:
         first.close()
-        second.close()
+        if second is not None:
+            second.close()
     refusals = [line for line in agent.log_path.read_text().splitlines() if "refused" in line]
     assert len(refusals) == 1 and "rank 0 is already reported" in refusals[0], refusals
 
