@@ -64,11 +64,27 @@ class BubbleLoop:
         self.reporter = BubbleReporter(target, rank=0, reconnect_max_s=0.5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"bubbles {target}")
+        self._ran = threading.Condition()
+        self.bubbles = 0  # reported so far
 
     def _run(self) -> None:
         replay(self.reporter, self._first)
+        self._count(len(self._first))
         while not self._stop.is_set():
             replay(self.reporter, self._chunk)
+            self._count(len(self._chunk))
+
+    def _count(self, bubbles: int) -> None:
+        with self._ran:
+            self.bubbles += bubbles
+            self._ran.notify_all()
+
+    def wait_bubbles(self, more: int, timeout_s: float = 30.0) -> bool:
+        """Block until `more` bubbles past this call were reported (whether or not the agent, quiet while no task
+        could take a window, grants any)."""
+        with self._ran:
+            target = self.bubbles + more
+            return self._ran.wait_for(lambda: self.bubbles >= target, timeout_s)
 
     def start(self, timeout_s: float = 10.0) -> BubbleLoop:
         if not self.reporter.wait_connected(timeout_s):
@@ -168,6 +184,11 @@ class PoolRun:
         return agent
 
     # -- waits -----------------------------------------------------------------------------------------------------
+    def wait_bubbles(self, k: int, more: int, timeout_s: float = 30.0) -> bool:
+        """Block until agent k's synthetic trainer reported `more` bubbles past this call."""
+        loop = self._loops[k]
+        return loop is not None and loop.wait_bubbles(more, timeout_s)
+
     def client(self, k: int) -> AgentClient:
         return self.agents[k].client()
 

@@ -132,10 +132,12 @@ def test_while_redis_is_down_the_pool_task_waits_without_a_window_and_resumes_af
             redis_server.stop()
             waiting = run.wait_task(0, _redis_waiting, timeout_s=30)
             assert "does not answer" in waiting.reason and waiting.state == S.TASK_STATE_READY  # holds no window
-            granted = client.stats().gpu.windows_granted  # the task's last window has an id up to this one
-            # Bubbles go on for 40 more windows (over a second: the task's first retry is due after 1 s)...
-            assert windows.wait_until(lambda ws: sum(w.window_id > granted for w in ws) >= 40, 30)
-            later = [w for w in windows.windows if w.window_id > granted]
+            before_bubbles = client.stats().gpu  # the task's last window has an id up to windows_granted
+            # 40 more bubbles go by (over a second: the task's first retry is due after 1 s), counted by the agent
+            # (with no task that could take a window it is quiet: it reads the ring late and grants nothing)...
+            assert run.wait_bubbles(0, 40, 30)
+            assert client.stats().gpu.bubbles >= before_bubbles.bubbles + 40
+            later = [w for w in windows.windows if w.window_id > before_bubbles.windows_granted]
             assert not [w.window_id for w in later if w.shares]  # ...and none is the task's
             still = client.get(run.task_ids[0])
             assert _redis_waiting(still) and still.pid == waiting.pid and still.restarts == 0
