@@ -80,7 +80,8 @@ def test_periodic_checkpoints_longer_than_the_hang_timeout_are_taken_and_never_k
         seen = _read_until(fd, b"bebe", 30)  # two whole checkpoints, bubbles coming all along
         info = client.get(task.id)
     assert seen.endswith(b"bebe"), seen
-    assert (info.state, info.pid, info.restarts, info.counters.killed_steps) == (S.TASK_STATE_READY, ready.pid, 0, 0)
+    assert info.state in (S.TASK_STATE_READY, S.TASK_STATE_RUNNING), info  # (RUNNING: read while in a window)
+    assert (info.pid, info.restarts, info.counters.killed_steps) == (ready.pid, 0, 0)
     assert info.checkpoint_steps > 0 and "killing" not in agent.log_path.read_text()
 
 
