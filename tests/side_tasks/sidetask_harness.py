@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
 from freeride import IterativeTask, TaskContext
+from freeride.client import AgentClient
+from freeride.v1 import tasks_pb2
 
 T = TypeVar("T", bound=IterativeTask)
 
@@ -57,3 +60,22 @@ def run(task: IterativeTask, steps: int | None = None) -> int:
 
 def progress(task: IterativeTask) -> dict[str, Any]:
     return dict(task.progress())
+
+
+def wait_for_checkpointed(client: AgentClient, task_id: str, key: str, at_least: float, timeout_s: float = 60.0
+                          ) -> tasks_pb2.TaskInfo:
+    """Block, woken by each window the agent accounts, until the task has checkpointed and its progress
+    `key` is at least `at_least` (a real agent's task, for the kill -9 tests)."""
+    events = client.watch()
+    timer = threading.Timer(timeout_s, events.cancel)
+    timer.start()
+    try:
+        for ev in events:
+            if ev.HasField("window"):
+                info = client.get(task_id)
+                if info.checkpoint_steps > 0 and info.progress.get(key, 0) >= at_least:
+                    return info
+    finally:
+        timer.cancel()
+        events.cancel()
+    raise TimeoutError(f"task {task_id} did not checkpoint {key} >= {at_least:g} in {timeout_s}s")

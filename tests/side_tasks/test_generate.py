@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import BackgroundTrainer
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from sidetask_harness import checkpoint, progress, resumed, run, started, wait_for_checkpointed
 
 from freeride import TaskContext
 from freeride.client import AgentClient
@@ -163,24 +162,6 @@ def test_bad_arguments_are_refused_at_submit_in_one_line(tmp_path: Path, prompts
 
 
 # -- through a real agent -------------------------------------------------------------------------------------------
-def wait_for_checkpointed(client: AgentClient, task_id: str, prompts_done: int, timeout_s: float = 90.0
-                          ) -> tasks_pb2.TaskInfo:
-    """Block, woken by each window the agent accounts, until a checkpoint counts at least `prompts_done`."""
-    events = client.watch()
-    timer = threading.Timer(timeout_s, events.cancel)
-    timer.start()
-    try:
-        for ev in events:
-            if ev.HasField("window"):
-                info = client.get(task_id)
-                if info.checkpoint_steps > 0 and info.progress.get("prompts_done", 0) >= prompts_done:
-                    return info
-    finally:
-        timer.cancel()
-        events.cancel()
-    raise TimeoutError(f"task {task_id} did not checkpoint {prompts_done} completions in {timeout_s}s")
-
-
 def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     agent: AgentProcess, client: AgentClient, tmp_path: Path
 ) -> None:
@@ -190,7 +171,7 @@ def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     info = client.submit(S.TaskSpec(ref="sidetasks.generate:Generate", args={k: str(v) for k, v in args.items()}))
     wait_for_task(client, info.id, [S.TASK_STATE_READY])
     with BackgroundTrainer(agent, [150.0, 150.0]):
-        running = wait_for_checkpointed(client, info.id, 10)
+        running = wait_for_checkpointed(client, info.id, "prompts_done", 10, 90.0)
         os.kill(running.pid, signal.SIGKILL)  # wherever it is: mid-unit, mid-write or between steps
         written = out.read_text()
         done = wait_for_task(client, info.id, [S.TASK_STATE_DONE], timeout_s=90)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import threading
 from pathlib import Path
 
 from conftest import BackgroundTrainer
-from sidetask_harness import run, started
+from sidetask_harness import run, started, wait_for_checkpointed
 
-from freeride.client import AgentClient
 from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
 from sidetasks.images import Thumbnails
@@ -24,25 +22,6 @@ def outputs(out_dir: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out_dir.iterdir())}
 
 
-def wait_for_checkpointed_images(
-    client: AgentClient, task_id: str, images: int, timeout_s: float = 60.0
-) -> tasks_pb2.TaskInfo:
-    """Block, woken by each window the agent accounts, until a checkpoint holds at least `images` images."""
-    events = client.watch()
-    timer = threading.Timer(timeout_s, events.cancel)
-    timer.start()
-    try:
-        for ev in events:
-            if ev.HasField("window"):
-                info = client.get(task_id)
-                if info.checkpoint_steps > 0 and info.progress.get("images", 0) >= images:
-                    return info
-    finally:
-        timer.cancel()
-        events.cancel()
-    raise TimeoutError(f"task {task_id} did not checkpoint {images} images in {timeout_s}s")
-
-
 def test_thumbnails_killed_mid_way_by_sigkill_resume_and_match_an_uninterrupted_run(agent, client, tmp_path: Path):
     reference = tmp_path / "reference"
     run(started(Thumbnails(**ARGS, out_dir=str(reference)), reference))
@@ -53,7 +32,7 @@ def test_thumbnails_killed_mid_way_by_sigkill_resume_and_match_an_uninterrupted_
     # Bubbles far above a step (~5-20 ms): a step that a busy runner stretches past every bubble raises
     # the worker's step estimate (the max while it has few samples) above them, and it would wait forever.
     with BackgroundTrainer(agent, [150.0, 150.0]):
-        running = wait_for_checkpointed_images(client, task.id, 20)
+        running = wait_for_checkpointed(client, task.id, "images", 20)
         os.kill(running.pid, signal.SIGKILL)  # wherever it is: mid-step, mid-write or between steps
         done = wait_for_task(client, task.id, [S.TASK_STATE_DONE], timeout_s=60)
     assert running.progress["images"] < ARGS["images"]  # killed mid-way
