@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import grimp
@@ -37,18 +38,39 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _root_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)  # a top-level package: imports nothing of it
+    locations = spec.submodule_search_locations if spec is not None else None
+    return Path(next(iter(locations))) if locations else None
+
+
+def _source_file(module: str) -> Path | None:
+    """The module's source, found from its top package's folder: importing the module (or its
+    parents, as importlib's find_spec does) would load torch and the rest for no purpose."""
+    top, *rest = module.split(".")
+    root = _root_dir(top)
+    if root is None:
+        return None
+    for path in (root.joinpath(*rest, "__init__.py"), root.joinpath(*rest).with_suffix(".py") if rest else None):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
 def _imported_names(module: str, modules: set[str]) -> list[tuple[int, str, list[str], bool]]:
     """Every name the module's source imports, from any import statement (one line or several):
     (line, statement, dotted parts, whether the last part is an attribute rather than a module)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+    path = _source_file(module)
+    if path is None:
         return []
-    with open(spec.origin) as f:
-        source = f.read()
-    package = module if spec.origin.endswith("__init__.py") else module.rpartition(".")[0]
+    source = path.read_text()
+    lines = source.splitlines()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(ast.parse(source)):
-        text = (ast.get_source_segment(source, node) or "").split("\n")[0]
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        text = lines[node.lineno - 1].strip()  # the statement's first line
         if isinstance(node, ast.Import):
             out += [(node.lineno, text, a.name.split("."), False) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
