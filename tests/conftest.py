@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import select
 import socket
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,7 @@ import pytest
 from redis_support import RedisServer, need_redis
 
 from freeride.client import AgentClient
+from freeride.core.pids import wait_pids
 from freeride.tooling.harness import AgentProcess, WindowCollector, replay, wait_for_task
 from freeride.tooling.trace import Segment
 from freeride.trainer.reporter import BubbleReporter
@@ -171,23 +169,4 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
 
 def wait_gone(pids: Iterable[int], timeout_s: float) -> list[int]:
     """Block until every pid has exited (via pidfds: an event per process, no polling); the ones left."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select(list(fds), [], [], left)
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-        return sorted(fds.values())
-    finally:
-        for fd in fds:
-            os.close(fd)
+    return wait_pids(pids, timeout_s)

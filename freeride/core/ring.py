@@ -28,10 +28,19 @@ full fence on x86) between the two and reads again before it skips the wake-up. 
 fences the same way between announcing its wait and checking for records. The fence costs only
 when the agent is awake; where a locked instruction is no full fence (not x86) the trainer wakes
 the agent on every edge, which is always correct.
+
+A quiet agent also sets the header's `quiet` word (1; 0 while it asks for a wake-up per edge), so
+that a trainer may keep its edges and write many together (`put_many`): one pass over the shared
+page instead of one per edge, which is most of what an instrumented step costs while nothing is
+harvested. The trainer reads the word when it writes (freeride.trainer.waits says how late it may
+be). `put_many` packs each contiguous run of records in one call, in address order (each commit
+word after its record's fields), publishes `head` once after them, and wakes as `put` would have
+for any of its records (the agent sleeping, or a record that found half the ring unread).
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import platform
@@ -48,7 +57,7 @@ MIN_RECORDS, MAX_RECORDS = 64, 1 << 20
 
 # Header words (int64 index). The agent's words and the trainer's sit on separate cache lines.
 W_MAGIC, W_VERSION, W_RECORDS = 0, 1, 2
-W_TAIL, W_SLEEP = 8, 9  # agent: records consumed; wait generation (odd: waiting in epoll)
+W_TAIL, W_SLEEP, W_QUIET = 8, 9, 10  # agent: records consumed; wait generation (odd: waiting in epoll); quiet (1)
 W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; records written
 
 EDGE_START, EDGE_END = 1, 2
@@ -150,6 +159,58 @@ class RingWriter:
         self.wakes += 1
         os.write(self.wake_fd, _ONE)
 
+    @property
+    def capacity(self) -> int:
+        """Records the ring holds."""
+        return self._mask + 1
+
+    @property
+    def quiet(self) -> bool:
+        """The agent has nothing to grant: edges may be held and written together (`put_many`)."""
+        return self._words[W_QUIET] == 1
+
+    def put_many(self, edges: list[tuple[int, int, int, int, int, int, int]]) -> None:
+        """`put` for each (edge, slot, iteration, now, expected, free, kind), in order, in one `pack_into` per
+        contiguous run of records (two at most: the ring's end, then its start); `head` is published once, after
+        every commit word. What a full ring cannot take is dropped and counted, the newest first."""
+        words, mask = self._words, self._mask
+        first = pos = self.written
+        room = mask + 1 - (pos - words[W_TAIL])
+        n = max(0, min(len(edges), room, mask + 1))
+        if n < len(edges):
+            self.dropped += len(edges) - n
+            words[W_DROPPED] = self.dropped
+        if n == 0:
+            return
+        flat: list[int] = []
+        for edge, slot, iteration, now, expected, free, kind in edges[:n] if n < len(edges) else edges:
+            pos += 1
+            edge_kind = edge | kind << 8
+            flat += (edge_kind, slot, iteration, now, expected, free,
+                     pos ^ edge_kind ^ slot ^ iteration ^ now ^ expected ^ free ^ _CHECK, pos)
+        at = first & mask
+        run = min(n, mask + 1 - at)
+        _records(run).pack_into(self._mm, HEADER_BYTES + at * RECORD_BYTES, *flat[: 8 * run])
+        if run < n:
+            _records(n - run).pack_into(self._mm, HEADER_BYTES, *flat[8 * run:])
+        words[W_HEAD] = pos
+        self.written = pos
+        unread = mask + 1 - room  # what the first record found unread
+        if not unread <= self._half < unread + n and not words[W_SLEEP] & 1 and not self._always_wake:
+            fence = self._fence
+            fence.acquire()
+            fence.release()
+            if not words[W_SLEEP] & 1:
+                return
+        self.wakes += 1
+        os.write(self.wake_fd, _ONE)
+
+
+@functools.lru_cache(maxsize=64)
+def _records(n: int) -> struct.Struct:
+    """`n` records' words, packed in one call (in address order: each record's commit word after its fields)."""
+    return struct.Struct(f"<{8 * n}q")
+
 
 class Record(NamedTuple):
     edge: int
@@ -175,6 +236,7 @@ class RingReader:
         self._gen = 0
         self._words[W_TAIL] = 0
         self._words[W_SLEEP] = 0
+        self._words[W_QUIET] = 0
 
     @property
     def dropped_by_writer(self) -> int:
@@ -221,13 +283,16 @@ class RingReader:
     def quiet(self) -> None:
         """Wait without a wake-up per edge (the word stays even): edges wait in the ring until the agent
         reads for another reason, or one finds the ring half unread and wakes it. No fence is needed:
-        an edge that slips past this call is read at the next wake-up, as every quiet edge is."""
+        an edge that slips past this call is read at the next wake-up, as every quiet edge is. The
+        `quiet` word tells the trainer it may keep its edges and write them together."""
         self.awake()
+        self._words[W_QUIET] = 1
 
     def sleep(self) -> bool:
         """Announce a wait; False when a record slipped in first (take it, then call again)."""
         if not self._gen & 1:
             self._gen += 1
+        self._words[W_QUIET] = 0  # listening: each edge as it happens (a trainer holding a step's sees it at its end)
         self._words[W_SLEEP] = self._gen
         self._fence.acquire()  # store (sleep) -> load (commit) ordering
         self._fence.release()

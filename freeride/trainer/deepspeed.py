@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from time import monotonic_ns
 from typing import Any
 
 from freeride.errors import FreerideError
@@ -96,6 +97,13 @@ class DeepSpeedInstrumentation(Instrumented):
         def wrapped(*args: Any, **kwargs: Any) -> Any:  # no closure made per call: it runs ~35 times a step
             if not tracker.enabled:
                 return fn(*args, **kwargs)
+            log = tracker.quiet_log
+            if log is not None:  # the agent is quiet: only timed here, reported at the step's end (WaitTracker)
+                start = monotonic_ns()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    log += (direction, start, monotonic_ns())
             token = tracker.begin_wait(direction)
             try:
                 return fn(*args, **kwargs)

@@ -53,7 +53,7 @@ class EdgeClock(Protocol):
 
     def edge(self, fn: Stamped) -> None: ...
 
-    def then(self, fn: Callable[[], None]) -> None: ...
+    def then(self, fn: Callable[[], object]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -108,7 +108,7 @@ class InlineClock:
             self._sync()
         fn(time.monotonic_ns())
 
-    def then(self, fn: Callable[[], None]) -> None:
+    def then(self, fn: Callable[[], object]) -> None:
         fn()
 
     def close(self) -> None:
@@ -149,7 +149,7 @@ class EventClock:
         ev.record()
         self._queue.put((ev, fn))
 
-    def then(self, fn: Callable[[], None]) -> None:
+    def then(self, fn: Callable[[], object]) -> None:
         self._queue.put((None, fn))
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ END = trainer_pb2.BUBBLE_EDGE_END
 assert (START, END) == (EDGE_START, EDGE_END)  # the ring carries the same numbers
 PATHS = ("auto", "grpc")
 _MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
+_HOLD_MAX = 256  # edges held at most before they are written (a quarter of a small ring at most: see hold)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ class BubbleReporter:
         self._want_ring = path == "auto" and target.startswith("unix:")
         self._shm: RingWriter | None = None  # set while the agent's ring is attached: the hooks write there
         self._wake_fd = -1  # the eventfd's number for every ring of this reporter (see _ring.fetch_ring)
+        self._holding = False  # this step's edges are held for one write at its end (see hold)
+        self._held: list[tuple[int, int, int, int, int, int, int]] = []
+        self._hold_max = _HOLD_MAX
         # Counted by the background thread (each counter has one writer thread: `+=` is no atomic step):
         self._ring_written = 0  # edges written into the rings of earlier streams
         self._ring_dropped = 0  # edges those rings were too full to take
@@ -124,11 +128,47 @@ class BubbleReporter:
         """The training iteration that following edges belong to."""
         self.iteration = iteration
 
+    def hold(self) -> bool:
+        """While the agent's ring says it is quiet (nothing to grant), hold the edges from now on and write them
+        together at `flush()`: one pass over the shared page instead of one per edge, on caches the compute has
+        just evicted. Once the agent listens, what is held is written at once and edges go straight to the ring
+        again. The integrations' tracker calls it (freeride.trainer.waits); one thread calls hold, flush, start
+        and end (the training thread, or the thread that stamps the edges). True: holding."""
+        shm = self._shm
+        holding = self._holding = shm is not None and shm.quiet
+        if not holding:
+            if self._held:
+                self.flush()
+        elif shm is not None:
+            self._hold_max = min(_HOLD_MAX, shm.capacity // 4)
+        return holding
+
+    def flush(self) -> None:
+        """Write the held edges now (in one pass)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        shm = self._shm
+        try:
+            if shm is None:
+                raise ConnectionError("the agent's ring went away")
+            shm.put_many(held)
+        except Exception:  # never into training: the ring went with its agent; counted as dropped
+            self._dropped += len(held)
+
     # start() and end() are written out in full rather than sharing a helper: one more Python
     # call costs a fraction of a microsecond warm and more after the thread slept (cold caches).
-    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
-        """The rank is about to wait: its GPU is idle from now."""
-        now = time.monotonic_ns()
+    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0,
+              time_ns: int = 0) -> None:
+        """The rank is about to wait: its GPU is idle from now (or from `time_ns`, CLOCK_MONOTONIC, if given)."""
+        now = time_ns or time.monotonic_ns()
+        if self._holding:
+            held = self._held
+            held.append((START, slot, self.iteration, now, expected_duration_ns, free_memory_bytes, kind))
+            if len(held) >= self._hold_max:
+                self.flush()
+            return
         shm = self._shm
         try:
             if shm is not None:
@@ -154,9 +194,15 @@ class BubbleReporter:
             if shm is not None:
                 self._dropped += 1
 
-    def end(self, slot: int, kind: int = 0) -> None:
-        """The wait is over: the GPU is needed again from now."""
-        now = time.monotonic_ns()
+    def end(self, slot: int, kind: int = 0, time_ns: int = 0) -> None:
+        """The wait is over: the GPU is needed again from now (or from `time_ns`)."""
+        now = time_ns or time.monotonic_ns()
+        if self._holding:
+            held = self._held
+            held.append((END, slot, self.iteration, now, 0, 0, kind))
+            if len(held) >= self._hold_max:
+                self.flush()
+            return
         shm = self._shm
         try:
             if shm is not None:
@@ -194,7 +240,7 @@ class BubbleReporter:
     def queued(self) -> int:
         """Edges written by the trainer and not yet sent (or, on the ring, not yet taken by the agent)."""
         shm = self._shm
-        return self._tail - self._head + (shm.queued if shm is not None else 0)
+        return self._tail - self._head + len(self._held) + (shm.queued if shm is not None else 0)
 
     @property
     def sent(self) -> int:
@@ -245,6 +291,7 @@ class BubbleReporter:
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
         """Send what is queued, end the stream, stop the background thread."""
+        self.flush()
         self._closed = True
         self._stopping.set()
         self._wake()

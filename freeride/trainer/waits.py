@@ -27,9 +27,10 @@ FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = (
     trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS,
 )
 FWD, BWD, END_OF_STEP = 1, 2, 4  # what a wait receives: activations, gradients, or the step's end
+GAP = -1  # in a quiet step's log: the gap between two steps
 
 
-@dataclass
+@dataclass(slots=True)
 class BubbleRecord:
     """One bubble, kept when recording (tests, benchmarks, timelines)."""
 
@@ -64,6 +65,18 @@ class WaitTracker:
     _last_ns: dict[int, int] = field(default_factory=dict)  # slot -> its length last iteration
     _free_bytes: int = 0
     _direct: bool = False  # the clock is inline with no sync: wait edges are stamped here, with no _Edge made
+    # While the agent is quiet (nothing to grant) on a CPU stage, each wait of a step only appends (direction,
+    # start, end) to `quiet_log`: the steps' waits are numbered, classified and reported together, in one write,
+    # at the end of the step that finds the oldest of them `quiet_flush_ns` old (and when the tracker closes): on
+    # cold caches the hook does the least it can, and the agent sees them that late at most (it reads a quiet ring
+    # late anyway).
+    quiet_flush_ns: int = 100_000_000
+    quiet_log: list[int] | None = None
+    _quiet_steps: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (iteration, free bytes, log)
+    _quiet: bool | None = None  # whether the reporter holds edges (the agent quiet), as last asked; None: ask
+    _asked: bool = False  # (not a CPU stage) the last step's end asked the reporter whether to hold
+    _held_since_ns: int = 0  # when the oldest of _quiet_steps ended
+    _gap_ns: int = 0  # when the gap after a quiet step began (reported with that step's waits)
 
     def __post_init__(self) -> None:
         self._direct = bool(getattr(self.clock, "direct", False))
@@ -73,28 +86,137 @@ class WaitTracker:
         return self.clock.mode
 
     def begin_step(self) -> None:
-        if self._between_open:
-            self._between_open = False
-            # at the CPU's time, as ever: the step's first kernels are about to be queued
-            self.clock.then(_Edge(self, BETWEEN_STEPS_SLOT, BETWEEN, True, 0, False, time.monotonic_ns()).run)
+        if self._direct:
+            self._begin_direct_step()
+            return
         self.iteration += 1
-        self.clock.then(_SetIteration(self.reporter, self.iteration).run)
         self._ordinal = 0
         self._seen_bwd = False
         if self.free_memory is not None:
             self._free_bytes = self.free_memory()
+        reporter = self.reporter
+        if self._between_open:
+            self._between_open = False
+            # at the CPU's time, as ever: the step's first kernels are about to be queued
+            self.clock.then(_Edge(self, BETWEEN_STEPS_SLOT, BETWEEN, True, 0, False, time.monotonic_ns()).run)
+        self.clock.then(_SetIteration(reporter, self.iteration).run)
+        if not self._asked:
+            self.clock.then(reporter.hold)  # while the agent is quiet, the step's edges go in one write at its end
+        self._asked = False
 
     def end_step(self) -> None:
         self._between_open = True
+        if self._direct:
+            self._end_direct_step()
+            return
         self.clock.edge(_Edge(self, BETWEEN_STEPS_SLOT, BETWEEN, True, 0, True).stamp)
+        # What the reporter held is written now, in one pass (BubbleReporter.hold); then it asks whether to hold
+        # the gap's and the next step's edges too (the agent still quiet).
+        self.clock.then(self.reporter.flush)
+        self.clock.then(self.reporter.hold)
+        self._asked = True  # (on the clock's thread): the next step need not ask
 
     def skip_step(self) -> None:
-        """A step run with `enabled` False: the next step has no between-steps gap to report."""
+        """A step run with `enabled` False: the next step has no between-steps gap to report. On a CPU stage it
+        costs nothing more: what quiet steps kept waits for the next step that ends (or for close)."""
         self._between_open = False
+        self._gap_ns = 0  # a quiet step's gap that never ends: not reported
+        if not self._direct:
+            self.clock.then(self.reporter.flush)
 
     def close(self) -> None:
         """Report what the clock still holds and stop its thread (if it has one)."""
         self.clock.close()
+        if self._quiet_steps or self.quiet_log is not None:
+            self._flush_quiet()
+        self.reporter.flush()  # the clock's thread is gone: this is the only caller now
+
+    # -- a CPU stage (edges at the CPU's time, stamped here): while the agent is quiet, steps only time waits --
+    def _begin_direct_step(self) -> None:
+        now = time.monotonic_ns()
+        if self.quiet_log is not None:  # the last step did not end here (a replay that only begins steps)
+            self._keep_quiet_step(now)
+        if self._between_open:
+            self._between_open = False
+            if self._gap_ns:  # the gap after a quiet step goes into that step's log
+                self._quiet_steps[-1][2].extend((GAP, self._gap_ns, now))
+                self._gap_ns = 0
+            else:
+                self._ended(BETWEEN_STEPS_SLOT, BETWEEN, True, now)
+        self.iteration += 1
+        self._ordinal = 0
+        self._seen_bwd = False
+        if self.free_memory is not None:
+            self._free_bytes = self.free_memory()
+        if self._quiet is None:
+            self._quiet = self.reporter.hold()
+        if self._quiet:
+            self.quiet_log = []
+        else:
+            self.reporter.set_iteration(self.iteration)
+
+    def _end_direct_step(self) -> None:
+        now = time.monotonic_ns()
+        if self.quiet_log is not None:
+            self._gap_ns = now
+            self._keep_quiet_step(now)
+            return
+        self._started(BETWEEN_STEPS_SLOT, BETWEEN, True, 0, now)
+        self.reporter.flush()
+        self._quiet = self.reporter.hold()  # right after the write: the ring's page is warm
+
+    def _keep_quiet_step(self, now: int) -> None:
+        """The step that only timed its waits is over: keep them, and write what is kept once it is old enough."""
+        if not self._quiet_steps:
+            self._held_since_ns = now
+        self._push_quiet_log()
+        if now - self._held_since_ns >= self.quiet_flush_ns:
+            self._flush_quiet()
+
+    def _push_quiet_log(self) -> None:
+        log = self.quiet_log
+        assert log is not None
+        self._quiet_steps.append((self.iteration, self._free_bytes, log))
+        self.quiet_log = None
+        self.waits_seen += len(log) // 3
+
+    def _flush_quiet(self) -> None:
+        """Report the waits the quiet steps only timed, as begin_wait/end_wait would have, each at its own time,
+        in one write; then ask the reporter again whether to hold (the agent may listen now)."""
+        if self.quiet_log is not None:
+            self._push_quiet_log()
+        steps, self._quiet_steps = self._quiet_steps, []
+        reporter = self.reporter
+        for iteration, free, log in steps:
+            reporter.set_iteration(iteration)
+            self._replay(iteration, free, log)
+        if self._gap_ns:  # the last step's gap is open: its start goes with them, its end as it comes
+            self._started(BETWEEN_STEPS_SLOT, BETWEEN, True, 0, self._gap_ns)
+            self._gap_ns = 0
+        reporter.set_iteration(self.iteration)
+        reporter.flush()
+        self._quiet = reporter.hold()
+
+    def _replay(self, iteration: int, free: int, log: list[int]) -> None:
+        reporter, last, minimum = self.reporter, self._last_ns, self.min_report_ns
+        record = self.bubbles.append if self.record else None
+        slot, seen_bwd = 0, False
+        for direction, start, end in zip(log[0::3], log[1::3], log[2::3], strict=True):
+            if direction == GAP:
+                reporter.start(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=start)
+                reporter.end(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=end)
+                if record is not None:
+                    record(BubbleRecord(iteration, BETWEEN_STEPS_SLOT, BETWEEN, start, end, True))
+                continue
+            kind, seen_bwd = _classify(direction, seen_bwd)
+            report = last.get(slot, minimum) >= minimum
+            if report:
+                reporter.start(slot, kind, free_memory_bytes=free, time_ns=start)
+                reporter.end(slot, kind, time_ns=end)
+            last[slot] = end - start
+            if record is not None:
+                record(BubbleRecord(iteration, slot, kind, start, end, report))
+            slot += 1
 
     def wait(self, direction: int, fn: Callable[[], T]) -> T:
         token = self.begin_wait(direction)
@@ -105,6 +227,8 @@ class WaitTracker:
 
     def begin_wait(self, direction: int) -> tuple[int, int, bool, int]:
         """The rank is about to block on a peer; pass the result to end_wait()."""
+        if self.quiet_log is not None:  # only timed: numbered and reported at the step's end
+            return -1, direction, False, time.monotonic_ns()
         slot = self._ordinal
         self._ordinal = slot + 1
         self.waits_seen += 1
@@ -122,6 +246,11 @@ class WaitTracker:
 
     def end_wait(self, token: tuple[int, int, bool, int]) -> None:
         slot, kind, report, start = token
+        if slot < 0:  # a quiet step's wait: kind is its direction
+            log = self.quiet_log
+            if log is not None:
+                log += (kind, start, time.monotonic_ns())
+            return
         if self._direct:  # the hook runs on caches the compute has just evicted: as little as it can
             now = time.monotonic_ns()
             if report:
@@ -135,30 +264,34 @@ class WaitTracker:
     def _started(self, slot: int, kind: int, report: bool, free_bytes: int, now: int) -> None:
         self._open_ns[slot] = now
         if report:
-            self.reporter.start(slot, kind, free_memory_bytes=free_bytes)
+            self.reporter.start(slot, kind, free_memory_bytes=free_bytes, time_ns=now)
 
     def _ended(self, slot: int, kind: int, report: bool, now: int) -> None:
         start = self._open_ns.pop(slot, now)
         if report:
-            self.reporter.end(slot, kind)
+            self.reporter.end(slot, kind, time_ns=now)
         if slot != BETWEEN_STEPS_SLOT:
             self._last_ns[slot] = now - start
         self._keep(slot, kind, start, now, report)
 
     def _kind(self, direction: int) -> int:
-        if direction & END_OF_STEP:
-            return DRAIN
-        if direction & BWD:
-            kind = COOLDOWN if self._seen_bwd else WARMUP
-            self._seen_bwd = True
-            return kind
-        if direction & FWD:
-            return COOLDOWN if self._seen_bwd else FILL
-        return DRAIN  # only sends: waiting for a neighbour to take what this stage produced
+        kind, self._seen_bwd = _classify(direction, self._seen_bwd)
+        return kind
 
     def _keep(self, slot: int, kind: int, start: int, end: int, reported: bool) -> None:
         if self.record:
             self.bubbles.append(BubbleRecord(self.iteration, slot, kind, start, end, reported))
+
+
+def _classify(direction: int, seen_bwd: bool) -> tuple[int, bool]:
+    """A wait's kind from what it receives and whether the step has received gradients yet (and, after it)."""
+    if direction & END_OF_STEP:
+        return DRAIN, seen_bwd
+    if direction & BWD:
+        return (COOLDOWN if seen_bwd else WARMUP), True
+    if direction & FWD:
+        return (COOLDOWN if seen_bwd else FILL), seen_bwd
+    return DRAIN, seen_bwd  # only sends: waiting for a neighbour to take what this stage produced
 
 
 class _Edge:

@@ -20,7 +20,8 @@ from freeride.tooling.harness import AgentProcess
 
 def bench(*args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "freeride", "bench", *args, "--json"], capture_output=True,
-                         text=True, timeout=240, check=True)
+                         text=True, timeout=240)
+    assert out.returncode == 0, f"freeride bench {' '.join(args)} exited {out.returncode}: {out.stderr[-2000:]}"
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 
@@ -77,7 +78,8 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     cpus = sorted(os.sched_getaffinity(0))[:2]
     r = bench("trainer", "--framework", "deepspeed", "--iterations", "12", "--cpus", ",".join(map(str, cpus)))
     assert (r["framework"], r["model"], r["p"], r["m"], r["path"]) == ("deepspeed", "mlp", 2, 8, "shm")
-    for key in ("overhead_ratio", "null_ratio", "cpu_overhead_ratio", "cpu_null_ratio"):
+    for key in ("overhead_ratio", "null_ratio", "balanced_ratio", "cpu_overhead_ratio", "cpu_null_ratio",
+                "cpu_balanced_ratio"):
         assert 0.5 < float(r[key]) < 2, key
     assert float(r["step_ms_plain"]) > 0 and float(r["step_ms_instrumented"]) > 0
     assert [rank["path"] for rank in r["ranks"]] == ["shm", "shm"] and r["dropped_by_reporter"] == 0

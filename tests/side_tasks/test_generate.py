@@ -170,7 +170,9 @@ def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     args = {"prompts": tmp_path / "prompts.jsonl", "out": out, "max_new_tokens": 16, "max_batch": 4}
     info = client.submit(S.TaskSpec(ref="sidetasks.generate:Generate", args={k: str(v) for k, v in args.items()}))
     wait_for_task(client, info.id, [S.TASK_STATE_READY])
-    with BackgroundTrainer(agent, [150.0, 150.0]):
+    # Short bubbles: a few prompts a window, so that the kill lands between a checkpoint and the last prompt even
+    # on a fast, quiet machine (150 ms windows let it finish all 60 within two).
+    with BackgroundTrainer(agent, [20.0, 20.0]):
         running = wait_for_checkpointed(client, info.id, "prompts_done", 10, 90.0)
         os.kill(running.pid, signal.SIGKILL)  # wherever it is: mid-unit, mid-write or between steps
         written = out.read_text()

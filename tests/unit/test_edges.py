@@ -43,10 +43,17 @@ class Reporter:
     def set_iteration(self, iteration: int) -> None:
         self.iteration = iteration
 
-    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
+    def hold(self) -> None:  # the real reporter holds a step's edges while the agent is quiet: none here
+        self.threads.add(threading.current_thread().name)
+
+    def flush(self) -> None:
+        self.threads.add(threading.current_thread().name)
+
+    def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0,
+              time_ns: int = 0) -> None:
         self._note("start", slot)
 
-    def end(self, slot: int, kind: int = 0) -> None:
+    def end(self, slot: int, kind: int = 0, time_ns: int = 0) -> None:
         self._note("end", slot)
 
     def _note(self, edge: str, slot: int) -> None:
@@ -120,7 +127,8 @@ def test_a_failing_reporter_is_logged_once_and_the_watcher_goes_on(caplog: pytes
     tracker, reporter, events = _event_tracker()
     calls = 0
 
-    def broken(slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0) -> None:
+    def broken(slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0,
+               time_ns: int = 0) -> None:
         nonlocal calls
         calls += 1
         raise RuntimeError("ring gone")

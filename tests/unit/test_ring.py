@@ -38,6 +38,7 @@ from freeride.core.ring import (
     VERSION,
     W_DROPPED,
     W_HEAD,
+    W_QUIET,
     W_RECORDS,
     W_SLEEP,
     W_TAIL,
@@ -371,6 +372,60 @@ def test_the_half_full_edge_wakes_a_reader_that_is_awake_too(ring: Ring) -> None
     ring.wakes_pending()  # (without a full fence every edge woke it)
     ring.put(RECORDS // 2)
     assert ring.wakes_pending() == 1  # harmless: an awake agent reads on as it would have
+
+
+def edges(seqs: range) -> list[tuple[int, int, int, int, int, int, int]]:
+    """What `Ring.put` writes for each seq, for `put_many`."""
+    return [(EDGE_START, 0, seq, NOW + seq, 1000, 2000, 0) for seq in seqs]
+
+
+def test_put_many_writes_what_put_would_in_order_and_publishes_head_once_after_the_commits(ring: Ring) -> None:
+    ring.put(0)
+    ring.writer.put_many(edges(range(1, 6)))
+    assert ring.words[W_HEAD] == ring.writer.written == 6
+    assert all(ring.word(pos, COMMIT) == pos + 1 for pos in range(6))
+    taken = ring.take()
+    assert seqs(taken) == list(range(6)) and taken[3] == Record(EDGE_START, 0, 0, 3, NOW + 3, 1000, 2000)
+    ring.writer.put_many([])  # nothing: no head store, no wake-up
+    assert ring.words[W_HEAD] == 6 and ring.wakes_pending() == 0
+
+
+def test_put_many_across_the_rings_end_writes_two_runs_and_every_record_arrives_whole(ring: Ring) -> None:
+    for seq in range(RECORDS - 3):
+        ring.put(seq)
+    assert len(ring.take()) == RECORDS - 3
+    ring.writer.put_many(edges(range(100, 110)))  # three records at the end, seven from the start
+    taken = ring.take()
+    assert seqs(taken) == list(range(100, 110)) and ring.reader.corrupt == 0
+    assert [ring.word(pos, COMMIT) for pos in (RECORDS - 1, RECORDS)] == [RECORDS, RECORDS + 1]
+
+
+def test_put_many_drops_and_counts_what_a_full_ring_cannot_take(ring: Ring) -> None:
+    ring.writer.put_many(edges(range(RECORDS + 5)))
+    assert ring.writer.dropped == ring.words[W_DROPPED] == 5
+    assert seqs(ring.take()) == list(range(RECORDS))  # the oldest kept, none overwritten
+
+
+def test_put_many_wakes_once_as_put_would_have_for_any_of_its_records(ring: Ring) -> None:
+    assert ring.reader.sleep() is True  # waiting: one wake-up for the whole batch
+    ring.writer.put_many(edges(range(3)))
+    assert ring.wakes_pending() == 1
+    ring.take()
+    ring.reader.quiet()  # quiet: none, until a record of the batch finds half the ring unread
+    ring.writer.put_many(edges(range(RECORDS // 2)))
+    assert ring.wakes_pending() == 0
+    ring.writer.put_many(edges(range(2)))  # the first of these finds exactly half unread
+    assert ring.wakes_pending() == 1
+
+
+def test_the_quiet_word_says_whether_the_agent_waits_without_a_wake_up_per_edge(ring: Ring) -> None:
+    assert not ring.writer.quiet and ring.words[W_QUIET] == 0  # a new ring: listening
+    ring.reader.quiet()
+    assert ring.writer.quiet and ring.words[W_QUIET] == 1
+    ring.reader.awake()  # woken (the half-full edge, a Stats call): still quiet
+    assert ring.writer.quiet
+    ring.reader.sleep()  # listening again: every edge as it happens
+    assert not ring.writer.quiet and ring.words[W_QUIET] == 0
 
 
 # -- sizes and headers ---------------------------------------------------------------------------------------

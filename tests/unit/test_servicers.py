@@ -25,6 +25,7 @@ import freeride
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.trainer.reporter import BubbleReporter
+from freeride.trainer.waits import BWD, FWD, WaitTracker
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 START, END = trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END
@@ -209,6 +210,82 @@ def test_a_local_trainer_takes_its_ring_and_its_edges_arrive_through_it(served: 
         with freeride.Client(served.target, timeout_s=10) as c:
             gpu = c.stats().gpu  # a Stats call reads the ring first
             assert gpu.bubbles == 1 and [(t.path, t.rank, t.edges) for t in gpu.trainer_streams] == [("shm", 1, 2)]
+    finally:
+        reporter.close()
+
+
+def test_a_ring_read_late_takes_edges_by_their_age_at_the_last_read_and_refuses_older_ones(served: Served) -> None:
+    reporter = BubbleReporter(served.target, rank=1)
+    try:
+        assert reporter.wait_path("shm", 10)
+        served.on_loop(served.clock.catch_up)
+        with reporter.bubble(0):  # no task: the quiet agent reads the ring only when asked
+            pass
+        served.on_loop(lambda: served.clock.advance(90 * 10**9))  # nobody asks for a minute and a half
+        with freeride.Client(served.target, timeout_s=10) as c:
+            gpu = c.stats().gpu
+            assert (gpu.bubbles, gpu.rejected_events) == (1, 0)  # 90 s old, but written since the last read
+            stale = served.clock() - 61 * 10**9  # stamped a minute before the read that just happened
+            reporter.start(1, time_ns=stale)
+            reporter.end(1, time_ns=stale + 1000)
+            gpu = c.stats().gpu
+            assert (gpu.bubbles, gpu.rejected_events) == (1, 2)
+    finally:
+        reporter.close()
+
+
+def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as_it_comes(served: Served) -> None:
+    reporter = BubbleReporter(served.target, rank=1)
+    hour = 3600 * 10**9
+    tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=hour)  # a CPU stage; every wait reported
+
+    def step(waits: int) -> None:
+        tracker.begin_step()
+        for _ in range(waits):
+            tracker.wait(FWD, lambda: None)
+        tracker.end_step()
+
+    try:
+        assert reporter.wait_path("shm", 10)
+        served.on_loop(served.clock.catch_up)
+        with freeride.Client(served.target, timeout_s=10) as c:
+            step(3)  # no task: the agent is quiet, so the steps only time their waits ...
+            step(1)
+            assert reporter.sent == 0 and c.stats().gpu.bubbles == 0  # (a Stats call reads the ring: empty)
+            tracker.quiet_flush_ns = 0
+            step(1)  # ... until quiet_flush_ns have passed: then all of them, in one write
+            gpu = c.stats().gpu
+            # 3 + 1 + 1 waits and the two gaps between the steps (an edge each way), the last gap's start
+            assert reporter.sent == gpu.events == 15 and gpu.bubbles == 5
+            served.on_loop(lambda: served.agent._listen(True))  # what a task becoming schedulable does
+            step(1)  # the tracker learns it as it writes: this step was still only timed ...
+            assert reporter.sent == 19
+            tracker.begin_step()  # ... and from the next one on, each edge goes as it comes
+            assert reporter.sent == 20
+            tracker.wait(FWD, lambda: None)
+            assert reporter.sent == 22
+            gpu = c.stats().gpu
+            assert (gpu.events, gpu.bubbles) == (22, 7)
+    finally:
+        tracker.close()
+        reporter.close()
+
+
+def test_the_waits_a_quiet_step_only_timed_are_written_when_the_tracker_closes(served: Served) -> None:
+    reporter = BubbleReporter(served.target, rank=1)
+    tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=3600 * 10**9, record=True)
+    try:
+        assert reporter.wait_path("shm", 10)
+        served.on_loop(served.clock.catch_up)
+        tracker.begin_step()
+        tracker.wait(BWD, lambda: None)
+        tracker.end_step()
+        assert reporter.sent == 0
+        tracker.close()
+        assert reporter.sent == 3  # the wait, and the start of the gap after it
+        assert [(b.iteration, b.slot, b.kind) for b in tracker.bubbles] == [(0, 0, trainer_pb2.BUBBLE_KIND_WARMUP)]
+        with freeride.Client(served.target, timeout_s=10) as c:
+            assert c.stats().gpu.bubbles == 1
     finally:
         reporter.close()
 

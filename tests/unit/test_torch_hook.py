@@ -23,6 +23,9 @@ class _Reporter:
     def close(self) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
 
 class _Schedule:
     def __init__(self, stage: object) -> None:

@@ -44,25 +44,25 @@ class EdgeFields(Protocol):
     def kind(self) -> int: ...
 
 
-def edge_ok(ev: EdgeFields, now_ns: int) -> bool:
+def edge_ok(ev: EdgeFields, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> bool:
     """The per-edge fast check (hot path: plain comparisons only)."""
     age = now_ns - ev.time_ns
     return (
         ev.edge in EDGES
-        and -MAX_EDGE_LEAD_NS <= age <= MAX_EDGE_AGE_NS
+        and -MAX_EDGE_LEAD_NS <= age <= max_age_ns
         and 0 <= ev.expected_duration_ns <= MAX_EXPECTED_BUBBLE_NS
         and 0 <= ev.free_memory_bytes <= MAX_FREE_MEMORY_BYTES
         and ev.kind in KINDS
     )
 
 
-def edge_problem(ev: EdgeFields, now_ns: int) -> str:
+def edge_problem(ev: EdgeFields, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> str:
     """Why `edge_ok` refused `ev`, for the log (slow path, bad edges only)."""
     age = now_ns - ev.time_ns
     if ev.edge not in EDGES:
         return f"unknown edge {ev.edge}"
-    if age > MAX_EDGE_AGE_NS:
-        return f"time_ns is {age / 1e9:.1f} s in the past (limit {MAX_EDGE_AGE_NS / 1e9:.0f} s)"
+    if age > max_age_ns:
+        return f"time_ns is {age / 1e9:.1f} s in the past (limit {max_age_ns / 1e9:.0f} s)"
     if age < -MAX_EDGE_LEAD_NS:
         return f"time_ns is {-age / 1e9:.1f} s in the future: stamp edges with time.monotonic_ns() on this host"
     if not 0 <= ev.expected_duration_ns <= MAX_EXPECTED_BUBBLE_NS:
@@ -72,29 +72,34 @@ def edge_problem(ev: EdgeFields, now_ns: int) -> str:
     return f"unknown bubble kind {ev.kind}"
 
 
-def record_ok(r: Record, now_ns: int) -> bool:
+def record_ok(r: Record, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> bool:
     """`edge_ok` for a ring record, whose raw words also need the slot and iteration bounded."""
-    return edge_ok(r, now_ns) and 0 <= r.slot <= MAX_SLOT and r.iteration >= 0
+    return edge_ok(r, now_ns, max_age_ns) and 0 <= r.slot <= MAX_SLOT and r.iteration >= 0
 
 
-def record_problem(r: Record, now_ns: int) -> str:
+def record_problem(r: Record, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> str:
     if not 0 <= r.slot <= MAX_SLOT:
         return f"slot {r.slot} is outside 0..{MAX_SLOT}"
     if r.iteration < 0:
         return f"iteration {r.iteration} is negative"
-    return edge_problem(r, now_ns)
+    return edge_problem(r, now_ns, max_age_ns)
 
 
 def take_records(
-    stream: TrainerStream, records: list[Record], now_ns: int, on_edge: Callable[[Edge], None]
+    stream: TrainerStream, records: list[Record], now_ns: int, on_edge: Callable[[Edge], None], read_ns: int = 0
 ) -> int:
-    """Check ring records and pass on the good ones as edges; returns how many were rejected."""
+    """Check ring records and pass on the good ones as edges; returns how many were rejected.
+
+    `read_ns`: when the agent last read this ring (0: now). A quiet agent reads late on purpose, so a record is
+    judged by its age at that read, not at this one: one written an hour ago into a ring nobody read since is a
+    bubble of this run; one stamped long before the last read is not."""
     rejected = 0
     rank = stream.rank
+    max_age = MAX_EDGE_AGE_NS + max(0, now_ns - read_ns) if read_ns else MAX_EDGE_AGE_NS
     for r in records:
-        if not record_ok(r, now_ns):
+        if not record_ok(r, now_ns, max_age):
             rejected += 1
-            stream.reject(record_problem(r, now_ns))
+            stream.reject(record_problem(r, now_ns, max_age))
             continue
         stream.edges += 1
         on_edge(Edge(r.edge == EDGE_START, r.kind != _BETWEEN_STEPS, rank, r.slot, r.iteration, r.time_ns,

@@ -46,6 +46,7 @@ class TrainerLink:
         self.stream = TrainerStream(context.peer())
         self._ranks: set[int] = set()  # every rank it reported: each is gone when it closes
         self._ring: RingChannel | None = None
+        self._read_ns = 0  # when the ring's records were last delivered (a quiet agent reads late: bubble_checks)
         self._refused = ""
 
     async def serve(self) -> None:
@@ -108,6 +109,7 @@ class TrainerLink:
         assert ring is not None
         stream.path = SHM
         ring.quiet = not agent.listening  # quiet while no edge can lead to a grant (Agent.listening)
+        self._read_ns = agent.clock()
         ring.start(self._deliver)
         agent.trainer_moved(stream, ring)
         log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
@@ -116,7 +118,9 @@ class TrainerLink:
         """A batch read from the ring: checked as the stream's messages are, and counted."""
         assert self._ring is not None
         agent, stream, reader = self._agent, self.stream, self._ring.reader
-        rejected = take_records(stream, records, agent.clock(), agent.on_bubble)
+        now = agent.clock()
+        rejected = take_records(stream, records, now, agent.on_bubble, self._read_ns)
+        self._read_ns = now
         torn = reader.corrupt + reader.lost - stream.torn
         if torn:
             stream.torn += torn

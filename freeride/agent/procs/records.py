@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import psutil
 
+from freeride.core.pids import wait_pids
 from freeride.core.private import private_dir
 
 Procs = dict[int, float]  # pid -> start time (psutil create_time)
@@ -98,23 +97,5 @@ def kill(procs: Mapping[int, float]) -> list[str]:
 
 def wait_exited(procs: Iterable[tuple[int, float]], timeout_s: float) -> list[int]:
     """Block until each process has exited (a pidfd each: an event per process, no polling) or `timeout_s`
-    passed; the pids still running."""
-    fds: dict[int, int] = {}
-    for pid, start in procs:
-        if _same(pid, start) is None:
-            continue
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except OSError:  # gone meanwhile (or no pidfds: nothing to wait on)
-            continue
-    deadline = time.monotonic() + timeout_s
-    try:
-        while fds and (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select(list(fds), [], [], left)
-            for fd in ready:
-                os.close(fd)
-                del fds[fd]
-        return sorted(fds.values())
-    finally:
-        for fd in fds:
-            os.close(fd)
+    passed; the pids still running. One gone meanwhile (or a kernel without pidfds) is not waited on."""
+    return wait_pids((pid for pid, start in procs if _same(pid, start) is not None), timeout_s, unwaitable=OSError)

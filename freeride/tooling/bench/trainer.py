@@ -11,15 +11,20 @@ cores, unpinned ranks share a core in some runs and not in others, and that swam
 
 `overhead_ratio` is the median of each instrumented step over the mean of the plain steps on either
 side; `null_ratio` is the same figure for each plain step against the plain steps two away (A/A):
-what the machine's noise alone gives, so a result is read against it. `cpu_overhead_ratio` and
-`cpu_null_ratio` are the same two figures for the training thread's CPU time per step, which other
-load on the machine disturbs far less than wall time: the hooks' own cost, to a fraction of a percent.
+what the machine's noise alone gives, so a result is read against it. Both lean below 1 where steps
+have rare long outliers (one in a neighbour lifts the mean, one in the step itself barely moves the
+median): `balanced_ratio` takes that out, as the square root of the paired median over the same
+median taken the other way round (each plain step over its instrumented neighbours).
+`cpu_overhead_ratio`, `cpu_null_ratio` and `cpu_balanced_ratio` are the same figures for the training
+thread's CPU time per step, which other load on the machine disturbs far less than wall time: the
+hooks' own cost, to a fraction of a percent.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -89,6 +94,13 @@ def _paired(steps: list[float], gap: int, first: int) -> list[float]:
     return [steps[i] / ((steps[i - gap] + steps[i + gap]) / 2) for i in range(first, len(steps) - gap, 2)]
 
 
+def _balanced(paired: list[float], inverse: list[float]) -> float:
+    """The cost with the estimator's own bias taken out: each instrumented step over its plain neighbours (the
+    cost times a bias: a step's outliers weigh on one side only) against each plain step over its instrumented
+    neighbours (the same bias over the cost); the square root of their medians' quotient is the cost alone."""
+    return round(math.sqrt(statistics.median(paired) / statistics.median(inverse)), 4)
+
+
 def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="freeride-bench-") as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
@@ -100,6 +112,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         results = launch(cfg, root / "run")
         agent_cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - sum(cpu_before)
     plain, instrumented, paired, null, cpu_paired, cpu_null = [], [], [], [], [], []
+    inverse, cpu_inverse = [], []  # each plain step over the mean of the instrumented steps on either side
     per_rank = []
     v = 1 if cfg.schedule in SINGLE else 2
     for res in results:
@@ -110,6 +123,8 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         # Each instrumented step against the mean of the plain steps on either side: slow drifts cancel.
         paired += _paired(steps, 1, _WARMUP + 1)
         null += _paired(steps, 2, _WARMUP + 2)  # plain against plain: the noise floor of the same figure
+        inverse += _paired(steps, 1, _WARMUP + 2)
+        cpu_inverse += _paired(res["step_cpu_ms"], 1, _WARMUP + 2)
         cpu_paired += _paired(res["step_cpu_ms"], 1, _WARMUP + 1)
         cpu_null += _paired(res["step_cpu_ms"], 2, _WARMUP + 2)
         iters = sorted({b["iteration"] for b in res["bubbles"] if b["iteration"] >= _WARMUP})
@@ -144,9 +159,11 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "step_ms_instrumented": round(step_inst, 3),
         "overhead_ratio": round(statistics.median(paired), 4),
         "null_ratio": round(statistics.median(null), 4),
+        "balanced_ratio": _balanced(paired, inverse),
         "overhead_ratio_of_medians": round(step_inst / step_plain, 4),
         "cpu_overhead_ratio": round(statistics.median(cpu_paired), 4),
         "cpu_null_ratio": round(statistics.median(cpu_null), 4),
+        "cpu_balanced_ratio": _balanced(cpu_paired, cpu_inverse),
         "bubble_fraction_measured": round(statistics.mean(r["bubble_fraction_measured"] for r in per_rank), 4),
         "bubble_fraction_theory": round((cfg.stages - 1) / (m * v + cfg.stages - 1), 4),
         "dropped_by_reporter": sum(r["dropped_by_reporter"] for r in per_rank),
