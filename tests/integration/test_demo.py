@@ -25,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # On a CPU one stage per core (the demo's stand-in for one GPU per stage), four at most.
 STAGES = min(4, len(os.sched_getaffinity(0)))
 REPORT_KEYS = {"config", "training_s", "step_ms", "slowdown", "loss", "bubble_s", "harvested_s", "efficiency",
-               "stages", "tasks", "timeline_png", "report_json", "wall_s"}
+               "stages", "tasks", "timeline_png", "profile", "report_json", "wall_s"}
 
 
 def _marked(mark: str) -> list[psutil.Process]:
@@ -144,6 +144,14 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
     # The files a user is pointed to.
     png = Path(report["timeline_png"])
     assert png.parent == d.out and png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 20_000
+    profile = report["profile"]  # the pipeline's bubble profile, as `freeride profile --from` reads it
+    assert Path(profile["png"]).read_bytes().startswith(PNG_MAGIC)
+    assert [p["rank"] for p in profile["stages"]] == list(range(STAGES))
+    assert all(p["slots"] and p["bubble_fraction"] > 0 for p in profile["stages"])
+    again = subprocess.run([sys.executable, "-m", "freeride", "profile", "--from", profile["json"], "--json"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert [p["bubble_fraction"] for p in json.loads(again.stdout)["stages"]] == \
+        [p["bubble_fraction"] for p in profile["stages"]]
     assert json.loads(Path(report["report_json"]).read_text()) == report
 
 

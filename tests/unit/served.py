@@ -28,6 +28,7 @@ from freeride.agent.edge.service import BubbleServicer, TaskServicer, WorkerServ
 from freeride.agent.engine.core import Agent
 from freeride.agent.state.registry import Registry
 from freeride.client import EventStream
+from freeride.gpu.control import GpuControl
 from freeride.v1 import tasks_pb2_grpc, trainer_pb2_grpc, worker_pb2_grpc
 
 T = TypeVar("T")
@@ -127,7 +128,8 @@ class Served:
 
 
 @contextlib.contextmanager
-def served_agent(state_dir: Path, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, **config: Any) -> Iterator[Served]:
+def served_agent(state_dir: Path, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, gpu: GpuControl | None = None,
+                 **config: Any) -> Iterator[Served]:
     """An Agent (real task table, scheduler, store on SQLite; a FakeLauncher) behind TaskService, BubbleService,
     WorkerService and the health service on `state_dir`/agent.sock; shut down as the server does it: trainer
     streams ended, then the agent."""
@@ -138,7 +140,7 @@ def served_agent(state_dir: Path, handshake_timeout_s: float = HANDSHAKE_TIMEOUT
     async def add(server: grpc.aio.Server) -> None:
         launcher = FakeLauncher()
         agent = Agent(AgentConfig(state_dir=state_dir, socket=sock, **config), Registry(state_dir / "registry.db"),
-                      launcher, clock=clock)
+                      launcher, clock=clock, gpu=gpu)
         bubbles = BubbleServicer(agent, handshake_timeout_s)
         tasks_pb2_grpc.add_TaskServiceServicer_to_server(TaskServicer(agent), server)
         trainer_pb2_grpc.add_BubbleServiceServicer_to_server(bubbles, server)

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from served import Served, served_agent
 import freeride
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
+from freeride.gpu.control import cpu_only
 from freeride.trainer.reporter import BubbleReporter
 from freeride.trainer.waits import BWD, FWD, WaitTracker
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -288,6 +289,25 @@ def test_the_waits_a_quiet_step_only_timed_are_written_when_the_tracker_closes(s
             assert c.stats().gpu.bubbles == 1
     finally:
         reporter.close()
+
+
+class ThreadNotingProbe:
+    """A memory probe that notes which thread reads it (the real one reads each worker's PSS: ms a process)."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def usage(self, pids: Iterable[int]) -> dict[int, int]:
+        self.threads.append(threading.current_thread().name)
+        return dict.fromkeys(pids, 0)
+
+
+def test_a_stats_call_reads_the_workers_memory_off_the_agents_loop(tmp_path: Path) -> None:
+    gpu = cpu_only()
+    probe = gpu.probe = ThreadNotingProbe()
+    with served_agent(tmp_path, gpu=gpu) as served, freeride.Client(served.target, timeout_s=10) as c:
+        c.stats()
+        assert probe.threads and all(t.startswith("freeride-sample") for t in probe.threads), probe.threads
 
 
 # -- Watch --------------------------------------------------------------------------------------------------

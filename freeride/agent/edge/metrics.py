@@ -55,9 +55,9 @@ class Snapshot:
     disk_warn_percent: int = 90
 
 
-def take_snapshot(agent: Agent) -> Snapshot:
+async def take_snapshot(agent: Agent) -> Snapshot:
     """Run on the agent's loop: the copy is consistent and the loop's objects are never read from a thread."""
-    stats = stats_to_pb(agent.stats())
+    stats = stats_to_pb(await agent.stats())
     return Snapshot(
         stats=stats,
         bubble_lengths=agent.scheduler.bubble_lengths.copy(),
@@ -252,7 +252,7 @@ class AgentCollector(Collector):
         self._loop = loop
 
     async def _snapshot(self) -> Snapshot:
-        return take_snapshot(self._agent)
+        return await take_snapshot(self._agent)
 
     def collect(self) -> Iterator[Metric]:
         try:

@@ -114,7 +114,7 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
     async def Stats(
         self, request: tasks_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> tasks_pb2.StatsResponse:
-        return stats_to_pb(self._agent.stats())
+        return stats_to_pb(await self._agent.stats())
 
     @_status_errors
     async def Timeline(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -39,7 +40,7 @@ from freeride.agent.domain.events import (
 from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.domain.timers import TimerHandle
 from freeride.agent.domain.trainers import RankClaims, RingPort, TrainerStream
-from freeride.agent.domain.views import GpuStats, History, Stats
+from freeride.agent.domain.views import GpuMemory, GpuStats, History, Stats
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.pubsub import Hub
 from freeride.agent.engine.refcheck import RefChecks, pinned_ref, with_checked
@@ -273,23 +274,13 @@ class Agent:
         --state-dir means the agent's working directory, which the reader of `show` does not share."""
         return str(self.task_logs.path(task_id).absolute()) if self.task_logs is not None else ""
 
-    def stats(self) -> Stats:
+    async def stats(self) -> Stats:
+        pids = [w.pid for w in self.table.workers()]  # their memory is read off the loop (PSS: ms a process)
+        read = await self.supervisor.watchdog.off_loop(functools.partial(self.memory.read_snapshot, pids))
         self._read_rings()  # edges written before the call count in its answer
-        s, g = self.scheduler, self.training.fold(self.scheduler.gpu)
-        memory = self.memory.telemetry([w.pid for w in self.table.workers()], s.trainer_free_memory_bytes,
-                                       self.table.reserved_bytes, self.table.waiting_count())
-        gpu = GpuStats(
-            gpu=self.config.gpu, bubbles=g.bubbles, bubble_ns=g.bubble_ns, harvested_ns=g.harvested_ns,
-            overrun_ns=g.overrun_ns, overrun_steps=g.overrun_steps, steps=g.steps, windows=g.windows,
-            windows_granted=s.windows_granted, events=g.events,
-            prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=self.clock() - self.started_ns,
-            dropped_events=self.events.dropped, rejected_events=self.rejected_events,
-            trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(self.streams),
-            trainer_streams=tuple(dataclasses.replace(t) for t in self.streams),
-            event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
-            event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
-        )
-        return Stats(gpu, [self.info(r) for r in self.table.records.values()])
+        memory = self.memory.telemetry(read, self.scheduler.trainer_free_memory_bytes, self.table.reserved_bytes,
+                                       self.table.waiting_count())
+        return Stats(_gpu_stats(self, memory), [self.info(r) for r in self.table.records.values()])
 
     def history(self, since_ns: int) -> History:
         self._read_rings()  # the bubbles written before the call are in its answer
@@ -360,3 +351,19 @@ class Agent:
 
     def on_worker_message(self, task_id: str, instance: int, msg: WorkerMessage) -> None:
         self.supervisor.streams.on_worker_message(task_id, instance, msg)
+
+
+def _gpu_stats(agent: Agent, memory: GpuMemory) -> GpuStats:
+    """The GPU's half of a Stats answer, from the agent's parts (on its loop)."""
+    s, g = agent.scheduler, agent.training.fold(agent.scheduler.gpu)
+    return GpuStats(
+        gpu=agent.config.gpu, bubbles=g.bubbles, bubble_ns=g.bubble_ns, harvested_ns=g.harvested_ns,
+        overrun_ns=g.overrun_ns, overrun_steps=g.overrun_steps, steps=g.steps, windows=g.windows,
+        windows_granted=s.windows_granted, events=g.events,
+        prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=agent.clock() - agent.started_ns,
+        dropped_events=agent.events.dropped, rejected_events=agent.rejected_events,
+        trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(agent.streams),
+        trainer_streams=tuple(dataclasses.replace(t) for t in agent.streams),
+        event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
+        event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
+    )

@@ -68,15 +68,23 @@ class MemoryGuard:
                 return None
         return psutil.virtual_memory().total
 
-    def telemetry(self, worker_pids: list[int], trainer_free_bytes: int, reserved_bytes: int,
-                  waiting: int) -> GpuMemory:
-        """GPU telemetry for `freeride stats` and the metrics: the device, the workers, the trainer's share."""
-        snap: GpuSnapshot | None
+    def read_snapshot(self, worker_pids: list[int]) -> GpuSnapshot | GpuError:
+        """The device and the workers' memory now: blocking reads (NVML, each worker's PSS), so off the loop
+        (MemoryWatchdog.off_loop); an error is returned for `telemetry`, which reports it on the loop."""
         try:
-            snap = self.gpu.snapshot(worker_pids)
+            return self.gpu.snapshot(worker_pids)
         except GpuError as exc:
-            self.trouble(exc)
-            snap = None
+            return exc
+
+    def telemetry(self, read: GpuSnapshot | GpuError, trainer_free_bytes: int, reserved_bytes: int,
+                  waiting: int) -> GpuMemory:
+        """GPU telemetry for `freeride stats` and the metrics, from a `read_snapshot`: the device, the workers,
+        the trainer's share."""
+        snap: GpuSnapshot | None = None
+        if isinstance(read, GpuError):
+            self.trouble(read)
+        else:
+            snap = read
         usable = usable_bytes(trainer_free_bytes, snap.available_bytes if snap else None, self._headroom)
         device = snap if snap is not None and snap.mode != "cpu" else None
         return GpuMemory(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from freeride.agent.config import AgentConfig
 from freeride.agent.control.scheduler import Scheduler
@@ -22,6 +22,8 @@ from freeride.agent.engine.offload import Offload
 from freeride.agent.engine.tasks import TaskTable
 
 log = logging.getLogger("freeride.agent")
+
+T = TypeVar("T")
 
 
 class TreeScan(Protocol):
@@ -66,6 +68,12 @@ class MemoryWatchdog:
     def close(self) -> None:
         """Once no check is in flight: release the thread."""
         self._offload.close()
+
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the watchdog's thread (after the reads queued before it); on the loop once that is closed."""
+        if self._stopped:
+            return fn()
+        return await self._offload.run(fn)
 
     def _check_soon(self) -> None:
         self._timer = None

@@ -66,7 +66,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-sched", choices=["other", "idle"], default=_DEFAULT_SCHED,
                    help=f"the agents' --worker-sched (default {_DEFAULT_SCHED}; idle: SCHED_IDLE, the CPU's "
                         "low-priority MPS client)")
-    p.add_argument("--out", type=Path, help="where report.json and timeline.png go (default ./freeride-demo-TIME)")
+    p.add_argument("--out", type=Path,
+                   help="where report.json, timeline.png and profile.png/.json go (default ./freeride-demo-TIME)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
 

@@ -200,7 +200,9 @@ def show(console: Console, r: dict[str, Any]) -> None:
         f"with them; block by block, against the baseline blocks on either side: {r['slowdown']:+.1%}. "
         f"The stages idled {format_seconds(r['bubble_s'])} in the iterations that "
         f"reported bubbles; side tasks used {format_seconds(r['harvested_s'])} of it ({r['efficiency']:.1%}).\n"
-        f"Timeline: {r['timeline_png']}\nReport:   {r['report_json']}   (whole demo: {r['wall_s']:.0f} s)"
+        f"Timeline: {r['timeline_png']}\nProfile:  {r['profile']['png']}   (the bubbles of each stage, by slot: "
+        f"freeride profile --from {r['profile']['json']})\nReport:   {r['report_json']}   (whole demo: "
+        f"{r['wall_s']:.0f} s)"
     )
     if r["config"]["cpus"]:
         console.print(f"[dim]{CPU_CAVEAT}[/]")

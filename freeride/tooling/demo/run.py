@@ -4,7 +4,8 @@ One agent per stage (temporary state dir, unix sockets), the side tasks submitte
 real torch.distributed.pipelining 1F1B run (gloo on CPU; `--device cuda` on GPUs) of a byte-level
 language model, instrumented with freeride. Training alternates blocks of iterations that do not
 report bubbles (baseline: no side-task step can run) with blocks that do (harvest), so the cost of
-harvesting is measured in the same run. At the end: a report (tables, JSON) and timeline.png.
+harvesting is measured in the same run. At the end: a report (tables, JSON), timeline.png and the
+pipeline's bubble profile (profile.png, profile.json).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from freeride.tooling.bench.pipeline import PipelineRun
 from freeride.tooling.demo import report as demo_report
 from freeride.tooling.demo.plan import Plan, SideTask, make_plan
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
+from freeride.tooling.profile import analysis, recording, render
 from freeride.v1 import tasks_pb2
 
 T = TypeVar("T")
@@ -133,6 +135,20 @@ def _submit(plan: Plan, clients: list[AgentClient], console: Console) -> dict[in
     return out
 
 
+def _profile(timelines: list[tasks_pb2.TimelineResponse], out_dir: Path) -> dict[str, Any]:
+    """The pipeline's bubble profile from what the agents recorded (freeride profile, docs/profile.md): its
+    recording (profile.json, for `freeride profile --from`), its picture (profile.png), and per stage the
+    measured idle share beside the schedule's theory."""
+    rec = recording.Recording()
+    for timeline in timelines:
+        rec.add_timeline(timeline)
+    recording.save(out_dir / "profile.json", rec)
+    stages = analysis.profile(rec, [analysis.steps_for(ms) for ms in (1.0, 5.0, 20.0)])
+    render.plot(stages, out_dir / "profile.png")
+    return {"json": str(out_dir / "profile.json"), "png": str(out_dir / "profile.png"),
+            "stages": render.as_dict(stages)["stages"]}
+
+
 def run(plan: Plan, console: Console) -> dict[str, Any]:
     cfg = plan.pipeline
     started = time.monotonic()
@@ -174,6 +190,7 @@ def run(plan: Plan, console: Console) -> dict[str, Any]:
         png = plan.out_dir / "timeline.png"
         demo_report.draw(plan, ranks, timelines, png)
         report["timeline_png"] = str(png)
+        report["profile"] = _profile(timelines, plan.out_dir)
     report["wall_s"] = round(time.monotonic() - started, 1)
     path = plan.out_dir / "report.json"
     report["report_json"] = str(path)
