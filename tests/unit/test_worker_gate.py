@@ -16,15 +16,8 @@ from freeride import TaskStop, Unavailable
 from freeride.core.window import WindowReader, WindowWriter
 from freeride.v1 import worker_pb2 as pb
 from freeride.worker.estimate import StepEstimator
-from freeride.worker.process import (
-    _MIN_RETRY_S,
-    _PROBE_AFTER_WINDOWS,
-    _Gate,
-    _gpu_index,
-    _PlumbingError,
-    _Shared,
-    backoff_delays,
-)
+from freeride.worker.gate import MIN_RETRY_S, PROBE_AFTER_WINDOWS, PlumbingError, Shared, StepGate, backoff_delays
+from freeride.worker.process import _gpu_index
 
 
 class Harness:
@@ -34,8 +27,8 @@ class Harness:
         self.window_done = threading.Event()
         self.waiting = threading.Event()  # set by WorkerWaiting(waiting=true)
         self.checkpoints = threading.Event()  # set by a forced checkpoint (one asked by the agent)
-        self.shared = _Shared()
-        self.gate = _Gate(self.shared, self._send, StepEstimator(), self._on_idle)
+        self.shared = Shared()
+        self.gate = StepGate(self.shared, self._send, StepEstimator(), self._on_idle)
         self.gate.window = WindowReader(*self.writer.child_fds())
 
     def _send(self, msg: pb.WorkerMessage) -> None:
@@ -125,13 +118,13 @@ def test_a_declared_smallest_step_that_fits_no_window_gets_a_probe_step_now_and_
     h = Harness(tmp_path)
     h.gate.declared_step_s = lambda: 5.0  # declared 5 s: fits no 1 s window
     waiter = h.acquire_in_background()
-    for wid in range(1, _PROBE_AFTER_WINDOWS):
+    for wid in range(1, PROBE_AFTER_WINDOWS):
         h.window_done.clear()
         h.writer.grant(wid, time.monotonic_ns() + 10**9)
         assert h.window_done.wait(5)
         assert h.done()[-1] == (wid, pb.WINDOW_END_REASON_NO_FIT)
         assert waiter.is_alive()
-    h.writer.grant(_PROBE_AFTER_WINDOWS, time.monotonic_ns() + 10**9)
+    h.writer.grant(PROBE_AFTER_WINDOWS, time.monotonic_ns() + 10**9)
     waiter.join(5)
     assert not waiter.is_alive()  # the probe: a step may run in this window
 
@@ -239,7 +232,7 @@ def test_available_raising_counts_as_not_available_and_is_logged_once_per_wait(
 def test_the_backoff_doubles_up_to_its_cap_and_never_spins() -> None:
     assert list(itertools.islice(backoff_delays(1.0, 30.0), 7)) == [1, 2, 4, 8, 16, 30, 30]
     assert list(itertools.islice(backoff_delays(5.0, 1.0), 2)) == [5, 5]  # a cap below the start: the start
-    assert next(backoff_delays(0.0, 0.0)) == _MIN_RETRY_S
+    assert next(backoff_delays(0.0, 0.0)) == MIN_RETRY_S
 
 
 @pytest.mark.parametrize(("raw", "gpu"), [("3", 3), ("0", 0), ("", -1), ("cuda", -1)])
@@ -309,7 +302,7 @@ def test_a_closed_pipe_is_caught_even_when_a_file_the_task_opened_took_its_numbe
     other = os.open(tmp_path / "task-output.txt", os.O_WRONLY | os.O_CREAT)
     try:
         os.dup2(other, fd)  # closes the pipe's read end, and the number now names the task's file
-        with pytest.raises(_PlumbingError, match=rf"the worker's window pipe \(fd {fd}\) was closed: its number"):
+        with pytest.raises(PlumbingError, match=rf"the worker's window pipe \(fd {fd}\) was closed: its number"):
             h.gate.check_pipes()
     finally:
         os.close(other)

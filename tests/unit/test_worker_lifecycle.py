@@ -37,9 +37,9 @@ def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_bef
 # -- bug 5: the worker's own peak memory, not its parent's ------------------------------------------
 _REPORT_PEAK = """
 from freeride.worker.estimate import StepEstimator
-from freeride.worker.process import _Gate, _Shared
+from freeride.worker.gate import Shared, StepGate
 sent = []
-gate = _Gate(_Shared(), sent.append, StepEstimator(), lambda force: None)
+gate = StepGate(Shared(), sent.append, StepEstimator(), lambda force: None)
 gate._flush_steps()
 print(sent[0].steps.peak_memory_bytes)
 """

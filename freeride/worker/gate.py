@@ -1,0 +1,393 @@
+"""The worker's step gate: whether the next step fits the window this worker holds, decided before each step
+from the window word and the step estimate (no round trip per step); the waits between windows, for an
+unavailable resource or a full disk; the pipes it lives on; what it reports of its steps. The worker's main
+thread calls it (freeride.worker.process); the gRPC reader thread only sets `Shared`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from freeride.core import disk
+from freeride.core.window import WindowReader
+from freeride.errors import TaskStop, Unavailable
+from freeride.v1 import worker_pb2 as pb
+from freeride.worker.estimate import StepEstimator
+
+log = logging.getLogger("freeride.worker")
+
+REPORT_BATCH = 256
+PROBE_AFTER_WINDOWS = 8  # a task whose declared smallest step fit none of this many windows steps anyway
+# A step is never run on no evidence (a probe, a step after the warm-up) when what is known of it is more than
+# this many times the longest window this worker was granted: that step would overrun a bubble by seconds.
+FAR_BEYOND = 8
+PROGRESS_EVERY_S = 1.0
+MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
+
+
+class PlumbingError(BaseException):
+    """A pipe the worker lives on is gone (the task closed descriptors it did not open); the message says which.
+    A BaseException, as TaskStop: a task's `except Exception` in run() must not swallow it."""
+
+
+class Shared:
+    """What the gRPC reader thread tells the main thread; `wake` interrupts its idle wait."""
+
+    def __init__(self) -> None:
+        self.control = pb.CONTROL_ACTION_UNSPECIFIED
+        self.lost = False
+        self.setup: pb.WorkerSetup | None = None
+        self.setup_received = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+
+class StepGate:
+    """Decides when the next step may run; reports steps and closed windows."""
+
+    def __init__(self, shared: Shared, send: Any, estimator: StepEstimator, on_idle: Any) -> None:
+        self._s = shared
+        self._send = send
+        self.estimator = estimator
+        self._on_idle = on_idle
+        self.window: WindowReader | None = None
+        self._wid = 0
+        self._until_ns = 0
+        self._last_wid = 0
+        self._waiting_for = ""  # the reason of the wait under way (Unavailable, a full disk); empty: none
+        self._stepped = False  # whether a step ran in the current window
+        self._steps: list[pb.Step] = []
+        self.total_steps = 0
+        self._piece_start_ns = 0
+        self._progress_at = 0.0
+        self.progress: Any = dict
+        self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
+        self._unfit_windows = 0  # windows in a row in which the declared smallest step did not fit
+        self._woke_ns = 0  # when the idle wait ended, until the next read of the word
+        self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
+        self._peak_bytes = 0  # this process's peak resident memory at the latest sample
+        self._longest_window_ns = 0  # the longest window granted to this worker (from when it saw the grant)
+        self._pipe_ids: dict[int, tuple[int, int]] = {}  # each pipe's (device, inode) before any task code ran
+
+    def estimate_ns(self) -> int | None:
+        """What the next step is expected to take: the task's own smallest step if it declares one
+        (IterativeTask.min_step_s), else a high percentile of the measured steps (else the warm-up step,
+        when that was far beyond every window: see _measured_ns)."""
+        declared = self._declared_ns()
+        return declared if declared is not None else self._measured_ns()
+
+    def _measured_ns(self) -> int | None:
+        """The measured estimate; with none yet, the left-out warm-up step when it was far beyond the longest
+        window (a step run to measure again would overrun by about as much: it is not run)."""
+        est = self.estimator.estimate_ns()
+        if est is None:
+            cold = self.estimator.cold_ns()
+            if cold is not None and self._far_beyond(cold):
+                return cold
+        return est
+
+    def _far_beyond(self, duration_ns: int) -> bool:
+        return self._longest_window_ns > 0 and duration_ns > FAR_BEYOND * self._longest_window_ns
+
+    def _declared_ns(self) -> int | None:
+        try:
+            declared = self.declared_step_s()
+        except Exception:
+            log.exception("min_step_s() raised; judging steps by their measured times")
+            self.declared_step_s = lambda: None
+            return None
+        return int(declared * 1e9) if declared is not None and declared > 0 else None
+
+    def remaining_s(self) -> float:
+        if not self._wid:
+            return 0.0
+        return max(0.0, (self._until_ns - time.monotonic_ns()) / 1e9)
+
+    def acquire(self) -> None:
+        """Return when a step may start now; raise TaskStop when the worker must stop."""
+        s = self._s
+        assert self.window is not None
+        while True:
+            self._stop_if_asked()
+            word = self.window.read()
+            woke, self._woke_ns = self._woke_ns, 0  # the wait just ended, if it did: the grant's wake-up
+            if not self._wid and word.window_id > self._last_wid:
+                if not word.open:
+                    # Granted and revoked before this worker woke up: say so, or the agent would
+                    # keep the task marked busy with a window it never ran in.
+                    self._wid = word.window_id
+                    self.close(pb.WINDOW_END_REASON_REVOKED)
+                    continue
+                # A new window: judged below from the same word (a grant's first step waits for no second read).
+                self._wid, self._until_ns = word.window_id, word.until_ns
+                self._stepped = False
+                self._saw_ns = woke or time.monotonic_ns()
+                self._longest_window_ns = max(self._longest_window_ns, self._until_ns - self._saw_ns)
+            if self._wid:
+                if word.window_id != self._wid or not word.open:
+                    self.close(pb.WINDOW_END_REASON_REVOKED)
+                    continue
+                now = time.monotonic_ns()
+                if now >= self._until_ns:
+                    self.close(pb.WINDOW_END_REASON_EXPIRED)
+                    continue
+                declared = self._declared_ns()
+                est = declared if declared is not None else self._measured_ns()
+                if est is not None and now + est > self._until_ns:
+                    if not self._stepped:
+                        far = FAR_BEYOND * self._longest_window_ns
+                        if declared is None and self.estimator.forget_outlier(keep_above_ns=far):
+                            continue  # granted, yet not one step fit a stale outlier: judge this window again
+                        if declared is not None and not self._far_beyond(declared):
+                            # Only a step can refresh what the task declares: after some windows it did
+                            # not fit, one step (which sizes itself to what is left) lets it measure again.
+                            self._unfit_windows += 1
+                            if self._unfit_windows >= PROBE_AFTER_WINDOWS:
+                                self._unfit_windows = 0
+                                return
+                    self.close(pb.WINDOW_END_REASON_NO_FIT)
+                    continue
+                self._unfit_windows = 0
+                return
+            if self._checkpoint_if_asked():
+                continue
+            # Idle: block until the agent writes the window word or the reader thread wakes us.
+            try:
+                ready, _, _ = select.select([self.window.fd, s._wake_r], [], [])
+            except OSError:
+                self.check_pipes(everyone=True)
+                raise
+            self._woke_ns = time.monotonic_ns()
+            if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
+                s.drain()
+            if self.window.fd in ready and not self.window.drain():
+                s.lost = True
+
+    def _stop_if_asked(self) -> None:
+        """Raise TaskStop (closing any window held) on pause, cancel or a lost agent."""
+        s = self._s
+        if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
+            if not self._wid and self.window is not None:
+                word = self.window.read()
+                if word.window_id > self._last_wid:
+                    # Granted while this worker was idle, and not looked at yet: give it back before the
+                    # checkpoint, or the agent would hold it busy and its hang timer would kill the checkpoint.
+                    self._wid = word.window_id
+            self.close(pb.WINDOW_END_REASON_STOPPING)
+            raise TaskStop
+
+    def _checkpoint_if_asked(self) -> bool:
+        s = self._s
+        if s.control != pb.CONTROL_ACTION_CHECKPOINT:
+            return False
+        s.control = pb.CONTROL_ACTION_UNSPECIFIED
+        self._on_idle(force=True)
+        return True
+
+    def wait_available(self, exc: Unavailable, available: Callable[[], bool]) -> None:
+        """The step raised Unavailable: give the window back and wait, holding none, until `available()`.
+
+        The agent hears WindowDone(UNAVAILABLE) and then WorkerWaiting(waiting=true), in that order
+        on the stream, and grants nothing until WorkerWaiting(waiting=false). The wait blocks on the
+        reader thread's wake-up pipe, so pause, cancel and a lost agent end it at once (TaskStop).
+        """
+        self._wait(str(exc.reason), exc.retry_s, exc.max_retry_s, available, asked_retries=False)
+
+    def wait_for_disk(self, reason: str, written: Callable[[], bool]) -> None:
+        """A checkpoint could not be written, the disk is full: wait as for an unavailable resource, holding no
+        window, until `written()` (the checkpoint tried again) succeeds: with backoff, and at once when the agent
+        asks for a checkpoint (it does after it freed space)."""
+        self._wait(reason, disk.RETRY_S, disk.MAX_RETRY_S, written, asked_retries=True)
+
+    def _wait(self, reason: str, retry_s: float, max_retry_s: float, available: Callable[[], bool],
+              asked_retries: bool) -> None:
+        """Wait holding no window until `available()`; `asked_retries`: a checkpoint the agent asks for ends the
+        current delay (try now) instead of being taken. A wait inside another (a full disk while a task waits
+        for its resource) gives the outer one's reason back when it ends, not "available"."""
+        s = self._s
+        assert self.window is not None
+        outer = self._waiting_for
+        self._waiting_for = reason
+        self.close(pb.WINDOW_END_REASON_UNAVAILABLE)
+        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=True)))
+        log.info("task unavailable (%s); waiting, first retry in %ss", reason, retry_s)
+        delays = backoff_delays(retry_s, max_retry_s)
+        complained = False
+        try:
+            while True:
+                deadline = time.monotonic() + next(delays)
+                while True:  # until the deadline; a checkpoint asked meanwhile is taken, the wait goes on
+                    self._stop_if_asked()
+                    if asked_retries and s.control == pb.CONTROL_ACTION_CHECKPOINT:
+                        s.control = pb.CONTROL_ACTION_UNSPECIFIED
+                        break
+                    if self._checkpoint_if_asked():
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    select.select([s._wake_r], [], [], left)
+                    s.drain()
+                self.forget_stale_grants()
+                try:
+                    if available():
+                        break
+                except Exception:
+                    if not complained:  # once per wait: it may be called every few seconds for hours
+                        log.warning("available() raised; counted as not available", exc_info=True)
+                        complained = True
+        finally:
+            self._waiting_for = outer
+        self.forget_stale_grants()
+        if outer:
+            self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=outer, waiting=True)))
+            return
+        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=False)))
+        log.info("task available again (was: %s)", reason)
+
+    def forget_stale_grants(self) -> None:
+        """Grants written while the task waits are stale: the agent took the task out of its windows when it
+        read WorkerWaiting(waiting=true), before any grant this worker could act on."""
+        assert self.window is not None
+        if not self.window.drain():
+            self._s.lost = True
+            self._stop_if_asked()
+        self._last_wid = max(self._last_wid, self.window.read().window_id)
+
+    def yield_point(self) -> None:
+        """An imperative task finished a piece: account it, then wait until the next may run."""
+        self.step_done(self._piece_start_ns, time.monotonic_ns())
+        self.acquire()
+        self._piece_start_ns = time.monotonic_ns()
+
+    def begin_pieces(self) -> None:
+        self.acquire()
+        self._piece_start_ns = time.monotonic_ns()
+
+    def _pipes(self, everyone: bool) -> list[tuple[str, int]]:
+        pipes = [("window pipe", self.window.fd if self.window is not None else -1)]
+        if everyone:
+            pipes += [("wake-up pipe", self._s._wake_r), ("wake-up pipe", self._s._wake_w)]
+        return [(name, fd) for name, fd in pipes if fd >= 0]
+
+    def know_pipes(self) -> None:
+        """Before any task code runs: note which pipe each number is, so that one the task closed is caught even
+        when something it opened afterwards took its number."""
+        for _, fd in self._pipes(everyone=True):
+            st = os.fstat(fd)
+            self._pipe_ids[fd] = (st.st_dev, st.st_ino)
+
+    def check_pipes(self, everyone: bool = False) -> None:
+        """Raise PlumbingError if the task closed the window pipe (or, `everyone`, the wake-up pipe too), as
+        os.closerange(3, ...) does: said here, in the task's log, before gRPC (whose descriptors went too)
+        aborts with its own words. After every step: one fstat."""
+        for name, fd in self._pipes(everyone):
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                problem = exc.strerror
+            else:
+                known = self._pipe_ids.get(fd)
+                if known is None or known == (st.st_dev, st.st_ino):
+                    continue
+                problem = "its number now names another file"
+            raise PlumbingError(
+                f"the worker's {name} (fd {fd}) was closed: {problem}; the task closed file descriptors "
+                "it did not open (os.closerange, a daemonising helper): close only your own"
+            )
+
+    def step_done(self, start_ns: int, end_ns: int) -> None:
+        self.check_pipes()
+        duration = end_ns - start_ns
+        self._stepped = True
+        self.estimator.add(duration)
+        self._steps.append(pb.Step(start_ns=start_ns, duration_ns=duration))
+        self.total_steps += 1
+        if len(self._steps) >= REPORT_BATCH:
+            self._flush_steps()
+
+    def close(self, reason: pb.WindowEndReason) -> None:
+        if not self._wid:
+            return
+        idle_ns = time.monotonic_ns()
+        self._flush_steps()
+        est = self.estimate_ns() or 0
+        self._send(
+            pb.WorkerMessage(
+                window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est,
+                                          woke_ns=self._saw_ns)
+            )
+        )
+        self._last_wid, self._wid = self._wid, 0
+        self._saw_ns = 0
+        if reason not in (pb.WINDOW_END_REASON_STOPPING, pb.WINDOW_END_REASON_CHECKPOINT):
+            self._on_idle(force=False)
+
+    def give_back_unseen(self) -> None:
+        """Before a checkpoint (idle, holding no window): give back a grant written since this worker last looked,
+        or the agent would hold it busy through a checkpoint that answers no window."""
+        if self._wid or self.window is None:
+            return
+        word = self.window.read()
+        if word.window_id > self._last_wid:
+            self._wid = word.window_id
+            self.close(pb.WINDOW_END_REASON_CHECKPOINT)
+
+    def _flush_steps(self) -> None:
+        now = time.monotonic()
+        progress = {}
+        if now - self._progress_at >= PROGRESS_EVERY_S:  # progress() may be costly (an evaluation)
+            self._progress_at = now
+            progress = self.progress()
+            self._peak_bytes = peak_rss_bytes()  # (sampled as seldom: it reads /proc)
+        report = pb.StepReport(
+            window_id=self._wid,
+            steps=self._steps,
+            progress=progress,
+            peak_memory_bytes=self._peak_bytes,
+        )
+        self._steps = []
+        self._send(pb.WorkerMessage(steps=report))
+
+
+def peak_rss_bytes(status: Path = Path("/proc/self/status")) -> int:
+    """This process's own peak resident memory (VmHWM; 0 where unknown).
+
+    Not getrusage's ru_maxrss: the kernel carries a parent's high-water mark across fork and exec,
+    so every worker would report the agent's peak. exec starts a new address space, whose VmHWM
+    counts this process only.
+    """
+    try:
+        for line in status.read_bytes().splitlines():
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def backoff_delays(retry_s: float, max_retry_s: float) -> Iterator[float]:
+    """retry_s, then twice as long each time, never above max_retry_s (nor below MIN_RETRY_S)."""
+    delay = max(retry_s, MIN_RETRY_S)
+    cap = max(max_retry_s, delay)
+    while True:
+        yield min(delay, cap)
+        delay = min(delay * 2, cap)
