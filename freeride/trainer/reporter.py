@@ -94,7 +94,7 @@ class BubbleReporter:
         self._want_ring = path == "auto" and target.startswith("unix:")
         self._shm: RingWriter | None = None  # set while the agent's ring is attached: the hooks write there
         self._wake_fd = -1  # the eventfd's number for every ring of this reporter (see _ring.fetch_ring)
-        self._holding = False  # this step's edges are held for one write at its end (see hold)
+        self._holding = False  # edges are held until flush(), for one write (see hold)
         self._held: list[tuple[int, int, int, int, int, int, int]] = []
         self._hold_max = _HOLD_MAX
         # Counted by the background thread (each counter has one writer thread: `+=` is no atomic step):
