@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,15 +132,23 @@ def _unit_command(unit: Unit, tmp_path: Path, gpu: str) -> tuple[list[str], dict
     return [sys.executable, "-m", "freeride", *argv[1:]], env, socket_path
 
 
-def test_agent_started_like_the_unit_notifies_ready_when_serving_and_stopping_on_sigterm(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory for the unit's %t and %S: its socket path must fit a unix socket's 108 bytes, which a pytest
+    tmp_path (longer under xdist: popen-gwN/) need not leave room for."""
+    with tempfile.TemporaryDirectory(prefix="frunit-", dir="/tmp") as d:
+        yield Path(d)
+
+
+def test_agent_started_like_the_unit_notifies_ready_when_serving_and_stopping_on_sigterm(short_dir: Path) -> None:
     unit = Unit(SYSTEMD / "freeride-agent@.service")
-    argv, env, sock = _unit_command(unit, tmp_path, gpu="3")
-    notify_path = tmp_path / "notify"
+    argv, env, sock = _unit_command(unit, short_dir, gpu="3")
+    notify_path = short_dir / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(str(notify_path))
         listener.settimeout(60)  # bounds a hang only; the datagram wakes the test
         env["NOTIFY_SOCKET"] = str(notify_path)
-        log_path = tmp_path / "journal.log"
+        log_path = short_dir / "journal.log"
         with open(log_path, "wb") as journal:
             proc = subprocess.Popen(argv, env=env, stdout=journal, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd="/")
@@ -149,7 +159,7 @@ def test_agent_started_like_the_unit_notifies_ready_when_serving_and_stopping_on
             # READY=1 means serving: the health check answers at once, no waiting.
             with AgentClient(f"unix:{sock}", timeout_s=10) as client:
                 assert client.health() == 1  # SERVING
-            state_dir = tmp_path / "lib" / "freeride" / "gpu3"
+            state_dir = short_dir / "lib" / "freeride" / "gpu3"
             assert (state_dir / "freeride.db").exists()  # the state lives where systemd keeps it
 
             proc.send_signal(getattr(signal, unit.get("Service", "KillSignal")))

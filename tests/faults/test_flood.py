@@ -29,6 +29,8 @@ from freeride.core.stats import percentile
 from freeride.tooling.harness import WindowCollector, grant_latencies_us, sleep_until, wait_for_task
 from freeride.v1 import tasks_pb2, trainer_pb2, trainer_pb2_grpc
 
+pytestmark = pytest.mark.serial  # grant latency, measured, must stay flat under the flood
+
 S = tasks_pb2
 MiB = 2**20
 RATE_PER_S = 10_000

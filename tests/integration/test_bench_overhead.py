@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.serial  # the overhead bench times plain and harvested steps
+
 KEYS = {"step_ms_plain", "step_ms_harvested", "slowdown", "harvested_s", "bubble_s", "efficiency",
         "stop_after_end_ms_p50", "stop_after_end_ms_max"}
 

@@ -17,6 +17,8 @@ from freeride.errors import FreerideError
 from freeride.tooling.bench import paths
 from freeride.tooling.harness import AgentProcess
 
+pytestmark = pytest.mark.serial  # the benchmarks measure latencies, efficiencies and overhead ratios
+
 
 def bench(*args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "freeride", "bench", *args, "--json"], capture_output=True,

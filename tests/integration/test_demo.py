@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.serial  # real-time training, a stage per core: its slowdown and efficiency
+
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # On a CPU one stage per core (the demo's stand-in for one GPU per stage), four at most.

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.serial  # a real-time bench harvest efficiency against the what-if
+
 
 @pytest.mark.slow
 def test_the_what_if_agrees_with_bench_harvest_on_the_anchor_trace() -> None:

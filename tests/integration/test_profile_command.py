@@ -17,6 +17,8 @@ from test_cli import assert_usage_error, freeride
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess
 
+pytestmark = pytest.mark.serial  # a real-time pipeline: iteration time and bubble fraction bounded
+
 P, M, F_MS, B_MS, ITERATIONS = 4, 4, 10.0, 20.0, 8
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -60,6 +60,7 @@ def new_agent(tmp_path: Path) -> Iterator[Callable[[], AgentProcess]]:
         assert code in (0, -signal.SIGKILL), f"agent exited with {code}:\n{proc.log_tail()}"
 
 
+@pytest.mark.serial  # p99 of a call's time, measured
 def test_with_no_agent_calls_are_sub_millisecond_never_raise_and_are_counted_as_dropped(tmp_path):
     reporter = BubbleReporter(f"unix:{tmp_path / 'none.sock'}", **FAST_RECONNECT)
     try:
@@ -97,6 +98,7 @@ def test_a_reporter_made_before_the_agent_connects_once_it_starts_and_its_bubble
         reporter.close()
 
 
+@pytest.mark.serial  # p99 and max of a call's time, measured
 def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_successor(new_agent):
     first = new_agent().start()
     reporter = BubbleReporter(first.target, **FAST_RECONNECT)
@@ -126,6 +128,7 @@ def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_
         reporter.close()
 
 
+@pytest.mark.serial  # median of a call's time, measured
 def test_while_connected_each_start_and_end_costs_microseconds_in_the_training_thread(
     agent: AgentProcess, client: AgentClient
 ) -> None:
@@ -154,6 +157,7 @@ def test_while_connected_each_start_and_end_costs_microseconds_in_the_training_t
         assert median_us < 200, f"{hook}() median {median_us:.0f} us while connected"
 
 
+@pytest.mark.serial  # max of a call's time, measured
 @pytest.mark.parametrize("path", ["auto", "grpc"])
 def test_sigterm_with_a_trainer_connected_ends_its_stream_cleanly_and_the_trainer_goes_on(new_agent, path):
     agent = new_agent().start()
