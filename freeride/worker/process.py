@@ -27,7 +27,7 @@ import grpc
 
 from freeride.core import disk
 from freeride.core.cpu import apply_from_env
-from freeride.core.exits import NO_RESTART
+from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
 from freeride.errors import TaskRefError, TaskStop, Unavailable
@@ -352,11 +352,11 @@ def _write_own_log(environ: dict[str, str] | None = None) -> bool:
 
 
 def _die(reason: str) -> NoReturn:
-    """Say why in the task's log (the agent makes its last line the reason) and exit at once with NO_RESTART
-    (the task would do it again): the stream to the agent is not to be trusted, and gRPC would abort with its
-    own words on its way down."""
+    """Say why in the task's log, marked (freeride.core.exits: the agent makes that line the reason), and exit
+    at once with NO_RESTART (the task would do it again): the stream to the agent is not to be trusted, and
+    gRPC would abort with its own words on its way down."""
     with contextlib.suppress(OSError):
-        os.write(2, f"{reason}\n".encode())
+        os.write(2, f"{REASON_MARK}{reason}\n".encode())
     os._exit(NO_RESTART)
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from freeride.agent.procs import task_logs as logs_module
 from freeride.agent.procs.task_logs import TaskLogs, rotated
-from freeride.agent.procs.workers import last_log_line
+from freeride.agent.procs.workers import last_log_line, said_reason
+from freeride.core.exits import REASON_MARK
 
 
 @pytest.fixture
@@ -60,6 +61,25 @@ def test_last_log_line_reads_the_rotated_part_when_the_new_one_is_empty(tmp_path
     rotated(path).write_text("x\nValueError: boom\n")
     path.write_text("")
     assert last_log_line(path) == "ValueError: boom"
+
+
+# What gRPC's poller logs, over and over, once a task closed its descriptors (glog-style: never a cause).
+GRPC_NOISE = "E1126 00:44:37.123456   4242 ev_epoll1_linux.cc:686] epoll_wait: Bad file descriptor (9)\n"
+
+
+def test_the_last_line_is_never_a_piece_of_one_cut_by_the_window(tmp_path: Path) -> None:
+    path = tmp_path / "task-3.log"
+    path.write_text("ValueError: the cause\n" + GRPC_NOISE * 200)  # 17 kB of noise: the window starts mid-line
+    assert last_log_line(path) == ""  # before: "poll_wait: Bad file descriptor (9)", a cut line taken for a cause
+
+
+def test_a_workers_marked_reason_is_found_behind_the_noise_grpc_logs_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "task-4.log"
+    path.write_text("some output\n" + f"{REASON_MARK}the task closed the worker's window pipe (fd 5)\n"
+                    + GRPC_NOISE * 1000 + "E1126 00:44:37.1")  # and a line cut by the process's end
+    assert said_reason(path) == "the task closed the worker's window pipe (fd 5)"
+    path.write_text("ValueError: a crash, not a reason said\n")
+    assert said_reason(path) == ""
 
 
 def test_a_follower_gets_new_output_until_the_task_is_over(run: asyncio.AbstractEventLoop, tmp_path: Path) -> None:

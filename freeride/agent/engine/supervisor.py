@@ -30,7 +30,7 @@ from freeride.agent.engine.offload import Offload, ThreadOffload
 from freeride.agent.engine.streams import WAITING, WorkerStreams
 from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
 from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
-from freeride.agent.procs.workers import describe_exit, last_log_line
+from freeride.agent.procs.workers import describe_exit, last_log_line, said_reason
 from freeride.core import disk
 from freeride.core.exits import NO_RESTART
 from freeride.core.units import format_seconds
@@ -229,7 +229,9 @@ class Supervisor:
         reason = worker.kill_reason or worker.failure or describe_exit(code)
         tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""
         said = code == NO_RESTART and not worker.kill_reason and not worker.failure
-        if said and tail:  # the worker could not send its reason (freeride.core.exits): it wrote it there
+        if said:  # the worker could not send its reason (freeride.core.exits): it wrote it there, marked
+            tail = said_reason(worker.log_path) or tail
+        if said and tail:
             reason = tail
         elif tail and tail not in reason:
             reason = f"{reason}: {tail}"

@@ -32,6 +32,7 @@ from freeride.agent.procs.cgroups import CgroupTree
 from freeride.agent.procs.records import ProcRecords, Procs, kill, tree, wait_exited
 from freeride.agent.procs.task_logs import TaskLogs, log_path, rotated
 from freeride.core.cpu import Placement
+from freeride.core.exits import REASON_MARK
 from freeride.core.private import create_private, private_dir
 from freeride.core.window import WindowWriter
 
@@ -336,19 +337,36 @@ def describe_exit(code: int) -> str:
 _GRPC_CORE_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
 
 
-def last_log_line(path: Path, limit: int = 4096) -> str:
-    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it.
-    The log's rotated part is read when the current one (just started) has no such line."""
-    for part in (path, rotated(path)):
+def _tail_lines(path: Path, limit: int) -> list[str]:
+    """The whole non-empty lines in the last `limit` bytes of each part of a worker log, the rotated part
+    first; gRPC's own log lines left out."""
+    out: list[str] = []
+    for part in (rotated(path), path):
         try:
             with open(part, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
-                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
-                         if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
+                start = max(0, f.tell() - limit)
+                f.seek(start)
+                lines = f.read().decode(errors="replace").splitlines()
         except OSError:
             continue
-        if lines:
-            return lines[-1]
+        if start and lines:
+            lines = lines[1:]  # begun before the window: a piece of a line is no line
+        out += [ln.strip() for ln in lines if ln.strip() and not _GRPC_CORE_LINE.match(ln)]
+    return out
+
+
+def last_log_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of a worker log that the task wrote: usually the exception that killed it.
+    The log's rotated part counts when the current one (just started) has no such line."""
+    lines = _tail_lines(path, limit)
+    return lines[-1] if lines else ""
+
+
+def said_reason(path: Path, limit: int = 1 << 20) -> str:
+    """What a worker that exited NO_RESTART wrote as its reason (freeride.core.exits): the last line of its
+    log that begins with REASON_MARK, without the mark ("" if none); gRPC's threads may log on after it."""
+    for line in reversed(_tail_lines(path, limit)):
+        if line.startswith(REASON_MARK.strip()):
+            return line.removeprefix(REASON_MARK.strip()).strip()
     return ""
