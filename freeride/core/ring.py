@@ -292,7 +292,7 @@ class RingReader:
         """Announce a wait; False when a record slipped in first (take it, then call again)."""
         if not self._gen & 1:
             self._gen += 1
-        self._words[W_QUIET] = 0  # listening: each edge as it happens (a trainer holding a step's sees it at its end)
+        self._words[W_QUIET] = 0  # listening: each edge as it comes (a trainer keeping edges sees it at its next write)
         self._words[W_SLEEP] = self._gen
         self._fence.acquire()  # store (sleep) -> load (commit) ordering
         self._fence.release()
