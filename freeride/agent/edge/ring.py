@@ -177,9 +177,13 @@ class RingChannel:
         self.pump()
 
     def listen(self, wanted: bool) -> None:
-        """Ask for a wake-up per edge (True), or be quiet (False); what is already written is read now."""
+        """Ask for a wake-up per edge (True: what is already written is read now), or be quiet (False: at once,
+        nothing read; from now on no edge wakes the agent, and what is written waits, as every quiet edge does)."""
         self.quiet = not wanted
-        self.pump()
+        if wanted:
+            self.pump()
+        elif self.attached and self._reader is not None:
+            self._reader.quiet()
 
     def pump(self) -> None:
         """Take and deliver what the trainer has written; then wait for its next wake-up (or be quiet)."""

@@ -142,8 +142,13 @@ class Agent:
         self._listen(self.scheduler.wants_edges or self._admission_waits())
 
     def _changed(self, rec: TaskRecord, change: Change) -> None:
-        if (self.scheduler.wants_edges or self._admission_waits()) != self.listening:
-            self._loop.call_soon(self._relisten)  # next turn: reading the rings here would nest in a state change
+        if (wanted := self.scheduler.wants_edges or self._admission_waits()) != self.listening:
+            # Quiet at once (nothing is read), before the change is published; listening the next turn: the
+            # rings are read first, and that would nest in a state change.
+            if wanted:
+                self._loop.call_soon(self._relisten)
+            else:
+                self._listen(False)
         if change is Change.STATE:
             self.store.write(rec.id)
             if self.task_logs is not None:
