@@ -17,7 +17,7 @@ import pytest
 from conftest import FAST, bubbles, spec
 
 from freeride.client import AgentClient
-from freeride.tooling.harness import AgentProcess, replay, wait_for_task
+from freeride.tooling.harness import AgentProcess, replay, wait_for_info, wait_for_task
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
@@ -249,7 +249,8 @@ def test_an_agent_with_nothing_to_grant_is_woken_by_no_edge_and_listens_once_a_t
         report(reporter, 3)
         assert reporter.wakes >= 1  # each edge may lead to a grant now: the sleeping agent is woken
         client.cancel(task.id)
-        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_CANCELLED])
+        # Quiet once its worker is gone (until then its slot could still take a window): the pid goes after.
+        wait_for_info(client, task.id, lambda t: t.state == tasks_pb2.TASK_STATE_CANCELLED and t.pid == 0, 30.0)
         quiet_from = reporter.wakes
         report(reporter, 5)
         assert reporter.wakes == quiet_from  # nothing to grant again: quiet again
