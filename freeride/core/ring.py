@@ -195,6 +195,7 @@ class RingWriter:
             _records(n - run).pack_into(self._mm, HEADER_BYTES, *flat[8 * run:])
         words[W_HEAD] = pos
         self.written = pos
+        # put's wake rule, for the batch (put keeps its copy inline: it is the hook's hot path, one call less)
         unread = mask + 1 - room  # what the first record found unread
         if not unread <= self._half < unread + n and not words[W_SLEEP] & 1 and not self._always_wake:
             fence = self._fence

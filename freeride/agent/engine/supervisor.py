@@ -227,10 +227,12 @@ class Supervisor:
             self._table.worker_gone(rec)
             return
         reason = worker.kill_reason or worker.failure or describe_exit(code)
-        tail = last_log_line(worker.log_path) if not (worker.failure or worker.kill_reason) else ""
         said = code == NO_RESTART and not worker.kill_reason and not worker.failure
+        tail = ""
         if said:  # the worker could not send its reason (freeride.core.exits): it wrote it there, marked
-            tail = said_reason(worker.log_path) or tail
+            tail = said_reason(worker.log_path) or last_log_line(worker.log_path)
+        elif not (worker.failure or worker.kill_reason):
+            tail = last_log_line(worker.log_path)
         if said and tail:
             reason = tail
         elif tail and tail not in reason:
