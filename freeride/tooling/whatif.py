@@ -3,10 +3,11 @@
 The recorded bubbles of one rank go through the real `Scheduler` (its per-slot `SlotPredictor`, the
 overrun margin, the window timers, the accounting) exactly as the agent takes them; the worker is
 played by its step gate's rule with the worker's own `StepEstimator`: after a grant it wakes
-`grant_latency_ns` later, then runs a step only while its estimate fits before the window's end, and
-finishes the step it is in when the window is revoked. Nothing sleeps: a heap of timed events drives
-one fake clock. `freeride profile` asks it for each step size; `freeride bench harvest` reports it beside
-the real agent's figure on the same bubbles, so the two stay comparable.
+`grant_latency_ns` later (one figure, or a stream of them: one per grant), then runs a step only while
+its estimate fits before the window's end, and finishes the step it is in when the window is revoked.
+Nothing sleeps: a heap of timed events drives one fake clock. `freeride profile` asks it for each step
+size; `freeride bench harvest` reports it beside the real agent's figure on the same bubbles, so the two
+stay comparable.
 """
 
 from __future__ import annotations
@@ -111,11 +112,11 @@ class _Timer:
 class _Worker:
     """The worker's step gate (freeride.worker.process) on the fake clock; the scheduler's WindowPort."""
 
-    def __init__(self, clock: _Clock, steps: Iterator[int], grant_latency_ns: int) -> None:
+    def __init__(self, clock: _Clock, steps: Iterator[int], latencies: Iterator[int]) -> None:
         self.scheduler: Scheduler | None = None
         self._clock = clock
         self._steps = steps
-        self._latency = grant_latency_ns
+        self._latencies = latencies
         self._estimator = StepEstimator(warmup_steps=1)
         self._wid = 0
         self._until = 0
@@ -123,7 +124,7 @@ class _Worker:
 
     def grant(self, window_id: int, until_ns: int) -> None:
         self._wid, self._until, self._open = window_id, until_ns, True
-        self._clock.at(self._clock.now + self._latency, lambda: self._next(window_id))
+        self._clock.at(self._clock.now + next(self._latencies), lambda: self._next(window_id))
 
     def revoke(self, window_id: int, until_ns: int) -> None:
         if window_id == self._wid:
@@ -154,18 +155,21 @@ def replay(
     bubbles: Iterable[Bubble],
     steps: Iterator[int],
     margin_ns: int | None = None,
-    grant_latency_ns: int = GRANT_LATENCY_NS,
+    grant_latency_ns: int | Iterator[int] = GRANT_LATENCY_NS,
     learn_iterations: int = LEARN_ITERATIONS,
 ) -> Outcome:
     """Replay one rank's bubbles (in time order) with one side task whose step durations `steps` yields.
 
-    `margin_ns`: the agent's --margin-ms (default: its default). The share counts the iterations after the
-    first `learn_iterations` (the agent grants no window while it learns a slot)."""
+    `margin_ns`: the agent's --margin-ms (default: its default). `grant_latency_ns`: START -> the worker runs,
+    one figure for every grant or a stream (e.g. `drawn_steps` over a run's measured grants). The share
+    counts the iterations after the first `learn_iterations` (the agent grants no window while it learns
+    a slot)."""
     ordered = sorted(bubbles, key=lambda b: (b.start_ns, b.end_ns))
     if not ordered:
         return Outcome(0, 0, 0, 0, 0, 0)
     clock = _Clock()
-    worker = _Worker(clock, steps, grant_latency_ns)
+    latencies = itertools.repeat(grant_latency_ns) if isinstance(grant_latency_ns, int) else grant_latency_ns
+    worker = _Worker(clock, steps, latencies)
     records: list[WindowRecord] = []
     config = SchedulerConfig() if margin_ns is None else SchedulerConfig(margin_ns=margin_ns)
 

@@ -1,8 +1,10 @@
 """The what-if agrees with `freeride bench harvest` on the anchor trace (1F1B, p=4, m=4, F=20, B=40, 5 ms steps).
 
 bench harvest replays the trace in real time through a real agent and a real worker; the profile's what-if
-replays the bubbles that same run measured through the scheduler on a fake clock. After learning, the two
-harvested shares must agree within 2 points.
+replays the bubbles that same run measured through the scheduler on a fake clock, given the grant latencies
+and step durations the run measured (a loaded runner wakes slower and stretches sleeps: the nominal replay,
+150 µs grants and exact 5 ms steps, is reported beside it). After learning, the two harvested shares must
+agree within 2 points.
 """
 
 from __future__ import annotations
@@ -23,4 +25,5 @@ def test_the_what_if_agrees_with_bench_harvest_on_the_anchor_trace() -> None:
                           "--json"], capture_output=True, text=True, timeout=240, check=True)
     r = json.loads(out.stdout)
     assert r["steps"] > 0
+    assert r["whatif_nominal_efficiency_after_learning"] >= r["whatif_efficiency_after_learning"] - 0.02, r
     assert abs(r["efficiency_after_learning"] - r["whatif_efficiency_after_learning"]) <= 0.02, r

@@ -79,6 +79,16 @@ def test_what_if_follows_the_agents_rules_exactly_on_a_hand_made_trace():
     assert out.share == pytest.approx(0.8)
 
 
+def test_a_grant_latency_stream_is_taken_one_per_grant():
+    """The same hand-made trace; grants that wake the worker 10.5 ms late leave room for 3 steps of 10 ms
+    (50 - 0.2 margin - 10.5 = 39.3 ms), and a stream alternating 0.15 and 10.5 ms gives 4 and 3."""
+    bubbles = [whatif.Bubble(0, i, i * 100 * MS, i * 100 * MS + 50 * MS) for i in range(6)]
+    slow = whatif.replay(bubbles, whatif.fixed_steps(10 * MS), grant_latency_ns=10_500_000)
+    assert (slow.steps, slow.overrun_steps) == (4 * 3, 0)
+    mixed = whatif.replay(bubbles, whatif.fixed_steps(10 * MS), grant_latency_ns=iter([150_000, 10_500_000] * 2))
+    assert (mixed.steps, mixed.overrun_steps) == (2 * (4 + 3), 0) and mixed.iterations == 4
+
+
 def test_between_steps_waits_are_never_harvested():
     between = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
     bubbles = [whatif.Bubble(0, i, i * 100 * MS, i * 100 * MS + 50 * MS, between) for i in range(6)]

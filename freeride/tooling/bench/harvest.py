@@ -114,8 +114,16 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     kinds = [seg.kind for it in stage_trace for seg in it if seg.bubble]
     played = [whatif.Bubble(slot, it, s, e, kind) for (slot, s, e), it, kind
               in zip(bubbles, _iterations_of(stage_trace), kinds, strict=True)]
-    predicted = whatif.replay(played, whatif.fixed_steps(int(ns.step_ms * 1e6), int(ns.step_jitter_ms * 1e6), ns.seed),
-                              margin_ns=int(ns.margin_ms * 1e6) if ns.margin_ms is not None else None)
+    margin_ns = int(ns.margin_ms * 1e6) if ns.margin_ms is not None else None
+    nominal = whatif.replay(played, whatif.fixed_steps(int(ns.step_ms * 1e6), int(ns.step_jitter_ms * 1e6), ns.seed),
+                            margin_ns=margin_ns)
+    # The same replay given what this machine did in this run: its grants' latencies and the worker's step
+    # durations (a sleep overshoots on a busy machine). The scheduler is then the only thing compared.
+    step_means = [sh.busy_ns // sh.steps for w in windows for sh in w.shares if sh.steps]
+    grants_ns = [int(us * 1e3) for us in grant_latencies_us(windows) if us > 0]
+    measured = whatif.replay(played, whatif.drawn_steps(step_means, ns.seed), margin_ns=margin_ns,
+                             grant_latency_ns=whatif.drawn_steps(grants_ns, ns.seed + 1)) \
+        if step_means and grants_ns else nominal
     g = stats.gpu
     t = stats.tasks[0].counters
     learned = [w for w in windows if w.iteration >= 2]
@@ -136,7 +144,8 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
         "ideal_efficiency": round(ideal / sum(bubble_lengths), 4) if bubble_lengths else 0.0,
         "efficiency_after_learning": round(steady_harvest_s / steady_bubble_s, 4) if steady_bubble_s else 0.0,
-        "whatif_efficiency_after_learning": round(predicted.share, 4),
+        "whatif_efficiency_after_learning": round(measured.share, 4),
+        "whatif_nominal_efficiency_after_learning": round(nominal.share, 4),
         "steps": t.steps,
         "overrun_steps": t.overrun_steps,
         "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,
