@@ -79,16 +79,26 @@ class DeepSpeedInstrumentation(Instrumented):
     def __init__(self, engine: Any, tracker: WaitTracker) -> None:
         super().__init__(tracker)
         self.engine = engine
+        self._hooks: dict[str, Any] = {}  # the engine's instance attributes that hook it, while hooked
+        self._hooked = False
 
     def _train_batch(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not self.tracker.enabled:
-            self.tracker.skip_step()
+        tracker = self.tracker
+        if not tracker.enabled or not tracker.timed():
+            if self._hooked:  # a step freeride does not time runs on the engine's own instructions: no hook at all
+                self._hooked = False
+                for name in self._hooks:
+                    restore_attribute(self.engine, name)
+            tracker.skip_step()
             return original(*args, **kwargs)
-        self.tracker.begin_step()
+        if not self._hooked:
+            self._hooked = True
+            self.engine.__dict__.update(self._hooks)
+        tracker.begin_step()
         try:
             return original(*args, **kwargs)
         finally:
-            self.tracker.end_step()
+            tracker.end_step()
 
     def _around(self, direction: int, fn: Callable[..., Any]) -> Callable[..., Any]:
         tracker = self.tracker
@@ -134,11 +144,14 @@ def instrument(
     edge_sync: str | None = None,
     record: bool = False,
     min_report_us: float = 1000.0,
+    quiet_sample_ms: float = 100.0,
 ) -> DeepSpeedInstrumentation:
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
     $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges). `sync_cuda=False` means "off".
+    `quiet_sample_ms`: while the agent is quiet (no task could use a bubble) a CPU stage times one step
+    every that many milliseconds and runs the others unhooked (0: every step; freeride.trainer.waits).
     """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule
@@ -167,7 +180,7 @@ def instrument(
     elif isinstance(reporter, BubbleReporter) and not reporter.pipeline.schedule:
         reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
-                          free_memory=free_memory(device))
+                          free_memory=free_memory(device), quiet_sample_ns=int(quiet_sample_ms * 1e6))
     inst = DeepSpeedInstrumentation(engine, tracker)
     wrapped = {
         ds_schedule.RecvActivation: inst._around(FWD, base_map[ds_schedule.RecvActivation]),
@@ -183,12 +196,13 @@ def instrument(
         wrapped[ds_schedule.OptimizerStep] = inst._optimizer_step(base_map[ds_schedule.OptimizerStep])
         _install_all_reduce_hook()
         inst._undo.append(_remove_all_reduce_hook)
-    engine._INSTRUCTION_MAP = {**base_map, **wrapped}
-    inst._undo.append(functools.partial(restore_attribute, engine, "_INSTRUCTION_MAP"))
+    inst._hooks["_INSTRUCTION_MAP"] = {**base_map, **wrapped}
     if not engine.is_last_stage():
-        aggregate = engine._aggregate_total_loss
-        engine._aggregate_total_loss = inst._around(END_OF_STEP, aggregate)
-        inst._undo.append(functools.partial(restore_attribute, engine, "_aggregate_total_loss"))
+        inst._hooks["_aggregate_total_loss"] = inst._around(END_OF_STEP, engine._aggregate_total_loss)
+    for name in inst._hooks:
+        inst._undo.append(functools.partial(restore_attribute, engine, name))
+    engine.__dict__.update(inst._hooks)
+    inst._hooked = True
     engine.train_batch = functools.partial(inst._train_batch, engine.train_batch)
     inst._undo.append(functools.partial(restore_attribute, engine, "train_batch"))
     return inst

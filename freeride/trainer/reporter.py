@@ -255,6 +255,12 @@ class BubbleReporter:
         return self._dropped + self._ring_dropped + self._stale + (shm.dropped if shm is not None else 0)
 
     @property
+    def agent_quiet(self) -> bool:
+        """The agent's ring says it has nothing to grant (a read of one word; `hold` acts on it)."""
+        shm = self._shm
+        return shm is not None and shm.quiet
+
+    @property
     def wakes(self) -> int:
         """Wake-ups written to the agent of the ring attached now (an agent with nothing to grant asks for none)."""
         shm = self._shm

@@ -71,12 +71,19 @@ class WaitTracker:
     # cold caches the hook does the least it can, and the agent sees them that late at most (it reads a quiet ring
     # late anyway).
     quiet_flush_ns: int = 100_000_000
+    # And while it is quiet, a CPU stage may time only some steps: one that begins `quiet_sample_ns` or more
+    # after the last timed one began (0: every step). The integration asks `timed()` before a step and runs an
+    # untimed one as a skipped step, with its hooks off where it can take them off (DeepSpeed's instruction
+    # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then.
+    quiet_sample_ns: int = 0
     quiet_log: list[int] | None = None
     _quiet_steps: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (iteration, free bytes, log)
     _quiet: bool | None = None  # whether the reporter holds edges (the agent quiet), as last asked; None: ask
     _asked: bool = False  # (not a CPU stage) the last step's end asked the reporter whether to hold
     _held_since_ns: int = 0  # when the oldest of _quiet_steps ended
     _gap_ns: int = 0  # when the gap after a quiet step began (reported with that step's waits)
+    _timed_ns: int = 0  # when the last timed step began (quiet_sample_ns)
+    untimed_steps: int = 0  # steps the quiet agent let go untimed
 
     def __post_init__(self) -> None:
         self._direct = bool(getattr(self.clock, "direct", False))
@@ -84,6 +91,20 @@ class WaitTracker:
     @property
     def edge_mode(self) -> str:
         return self.clock.mode
+
+    def timed(self) -> bool:
+        """Whether the step about to begin is timed: always, unless the agent is quiet on a CPU stage and the last
+        timed step began less than `quiet_sample_ns` ago. An untimed step is run as a skipped one (skip_step).
+        The ring's quiet word is read for every step, so an agent that starts to listen has the next one timed."""
+        if not self.quiet_sample_ns or not self._direct:
+            return True
+        now = time.monotonic_ns()
+        if not self._quiet or now - self._timed_ns >= self.quiet_sample_ns or not self.reporter.agent_quiet:
+            self._timed_ns = now
+            return True
+        self.untimed_steps += 1
+        self.iteration += 1  # it is an iteration all the same: the timed ones keep their numbers (profile periods)
+        return False
 
     def begin_step(self) -> None:
         if self._direct:

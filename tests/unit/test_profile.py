@@ -117,3 +117,16 @@ def test_a_recording_round_trips(tmp_path: Path):
     back = recording.load(tmp_path / "r.json")
     assert back == rec
     assert analysis.profile(back, [analysis.steps_for(5.0)]) == analysis.profile(rec, [analysis.steps_for(5.0)])
+
+
+def test_an_iteration_is_the_period_per_iteration_when_only_some_steps_were_timed():
+    """A quiet agent's CPU stage times one step in a few (freeride.trainer.waits): iterations 0, 5, 10, 12 of a
+    20 ms step, each with a 4 ms wait at its start and one at 10 ms."""
+    timed = [0, 5, 10, 12]
+    bubbles = [recording.RecordedBubble(0, 0, slot, it, it * 20 * MS + at, it * 20 * MS + at + 4 * MS, 0)
+               for it in timed for slot, at in ((0, 0), (1, 10 * MS))]
+    assert analysis.iteration_ns(bubbles) == pytest.approx(20 * MS)
+    rec = recording.Recording(bubbles=bubbles)
+    [stage] = analysis.profile(rec)
+    assert stage.iterations == 4 and stage.iteration_ms == pytest.approx(20.0)
+    assert stage.bubble_fraction == pytest.approx(8 / 20)

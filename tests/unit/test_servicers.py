@@ -425,3 +425,39 @@ def test_cancel_is_final_and_later_actions_say_why_they_cannot_run(served: Serve
         stream.end()  # the worker, told to stop, goes
         controls.cancel()
         served.on_loop(lambda: worker.exit(0))
+
+
+def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_the_agent_listens(
+        served: Served) -> None:
+    reporter = BubbleReporter(served.target, rank=1)
+    tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=0, quiet_sample_ns=3600 * 10**9, record=True)
+    timed: list[bool] = []
+
+    def step() -> None:
+        timed.append(tracker.timed())
+        if not timed[-1]:
+            tracker.skip_step()  # as an integration runs an untimed step: unhooked
+            return
+        tracker.begin_step()
+        tracker.wait(FWD, lambda: None)
+        tracker.end_step()
+
+    try:
+        assert reporter.wait_path("shm", 10)
+        served.on_loop(served.clock.catch_up)
+        with freeride.Client(served.target, timeout_s=10) as c:
+            step()  # the first step is timed (the tracker learns the agent is quiet at its end) ...
+            step()  # ... and then none until an hour has passed ...
+            step()
+            assert timed == [True, False, False] and tracker.untimed_steps == 2
+            assert c.stats().gpu.bubbles == 1
+            served.on_loop(lambda: served.agent._listen(True))  # a task became schedulable
+            step()  # ... or until the agent listens: the ring's word is read for every step
+            step()
+            assert timed == [True, False, False, True, True]
+            # The untimed steps count as iterations: the timed ones keep their numbers (the profile's periods).
+            assert [b.iteration for b in tracker.bubbles if b.slot == 0] == [0, 3, 4]
+            assert c.stats().gpu.bubbles == 3
+    finally:
+        tracker.close()
+        reporter.close()

@@ -10,6 +10,7 @@ each rank's bubbles through the agent's scheduler (freeride.tooling.whatif) for 
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -101,14 +102,17 @@ def slot_kind(schedule: str, kind: int, position: int) -> str:
 
 
 def iteration_ns(bubbles: Sequence[RecordedBubble]) -> float:
-    """The median time between the same slot's starts in consecutive iterations (the first slot seen each time)."""
+    """The median time between the same slot's starts in consecutive recorded iterations (the first slot seen each
+    time), per iteration between them: a trainer whose agent is quiet may time only some steps (one in five of
+    20 ms ones, freeride.trainer.waits)."""
     first: dict[int, RecordedBubble] = {}
     for b in bubbles:
         seen = first.get(b.iteration)
         if seen is None or (b.slot, b.start_ns) < (seen.slot, seen.start_ns):
             first[b.iteration] = b
-    periods = [first[i + 1].start_ns - first[i].start_ns for i in sorted(first)
-               if i + 1 in first and first[i + 1].slot == first[i].slot]
+    order = sorted(first)
+    periods = [(first[j].start_ns - first[i].start_ns) / (j - i) for i, j in itertools.pairwise(order)
+               if first[j].slot == first[i].slot]
     return float(statistics.median(periods)) if periods else 0.0
 
 
