@@ -79,7 +79,11 @@ class DeepSpeedInstrumentation(Instrumented):
     def __init__(self, engine: Any, tracker: WaitTracker) -> None:
         super().__init__(tracker)
         self.engine = engine
-        self._hooks: dict[str, Any] = {}  # the engine's instance attributes that hook it, while hooked
+        # The engine's instance attributes that hook it, and what they are set to for a step that is not timed (the
+        # engine's own map and method): the keys stay in the instance's dict, so swapping them leaves its shape as
+        # it is (CPython specialises attribute reads on the dict's keys, which a step's `self.` reads all use).
+        self._hooks: dict[str, Any] = {}
+        self._unhooked: dict[str, Any] = {}
         self._hooked = False
 
     def _train_batch(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -87,8 +91,7 @@ class DeepSpeedInstrumentation(Instrumented):
         if not tracker.enabled or not tracker.timed():
             if self._hooked:  # a step freeride does not time runs on the engine's own instructions: no hook at all
                 self._hooked = False
-                for name in self._hooks:
-                    restore_attribute(self.engine, name)
+                self.engine.__dict__.update(self._unhooked)
             tracker.skip_step()
             return original(*args, **kwargs)
         if not self._hooked:
@@ -144,14 +147,16 @@ def instrument(
     edge_sync: str | None = None,
     record: bool = False,
     min_report_us: float = 1000.0,
-    quiet_sample_ms: float = 100.0,
+    quiet_sample_ms: float = 0.0,
 ) -> DeepSpeedInstrumentation:
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
     $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges). `sync_cuda=False` means "off".
-    `quiet_sample_ms`: while the agent is quiet (no task could use a bubble) a CPU stage times one step
-    every that many milliseconds and runs the others unhooked (0: every step; freeride.trainer.waits).
+    `quiet_sample_ms`: while the agent is quiet (no task could use a bubble), a CPU stage times one step
+    every that many milliseconds and runs the others unhooked (0, the default: every step; see
+    freeride.trainer.waits). The profile's per-iteration figures stay exact; the agent's bubble counters
+    (stats, /metrics) then count the timed steps only.
     """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule
@@ -197,8 +202,10 @@ def instrument(
         _install_all_reduce_hook()
         inst._undo.append(_remove_all_reduce_hook)
     inst._hooks["_INSTRUCTION_MAP"] = {**base_map, **wrapped}
+    inst._unhooked["_INSTRUCTION_MAP"] = base_map
     if not engine.is_last_stage():
-        inst._hooks["_aggregate_total_loss"] = inst._around(END_OF_STEP, engine._aggregate_total_loss)
+        aggregate = inst._unhooked["_aggregate_total_loss"] = engine._aggregate_total_loss
+        inst._hooks["_aggregate_total_loss"] = inst._around(END_OF_STEP, aggregate)
     for name in inst._hooks:
         inst._undo.append(functools.partial(restore_attribute, engine, name))
     engine.__dict__.update(inst._hooks)

@@ -74,7 +74,8 @@ class WaitTracker:
     # And while it is quiet, a CPU stage may time only some steps: one that begins `quiet_sample_ns` or more
     # after the last timed one began (0: every step). The integration asks `timed()` before a step and runs an
     # untimed one as a skipped step, with its hooks off where it can take them off (DeepSpeed's instruction
-    # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then.
+    # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then. Off by
+    # default: the agent's bubble counters (stats, /metrics) would count the timed steps only.
     quiet_sample_ns: int = 0
     quiet_log: list[int] | None = None
     _quiet_steps: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (iteration, free bytes, log)

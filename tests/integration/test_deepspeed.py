@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import pytest
 from conftest import Agents
 
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
+from freeride.tooling.harness import AgentProcess
 from freeride.v1 import trainer_pb2
 
 P, M, F_MS, B_MS = 4, 4, 10.0, 20.0
@@ -60,3 +63,20 @@ def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: A
         assert a["params_sha256"] == b["params_sha256"]
         assert a["losses"] == b["losses"]
     assert plain[-1]["losses"]
+
+
+def test_a_quiet_agents_stage_can_time_one_step_in_a_while_and_trains_the_same(tmp_path: Path) -> None:
+    """quiet_sample_ms (opt-in): agents with nothing to grant, so each CPU stage times its first step and, the
+    sample period being an hour, runs every later one on the engine's own instructions; training is unchanged."""
+    base = config(stages=2, iterations=5)
+    plain = launch(base, tmp_path / "plain")
+    with tempfile.TemporaryDirectory(prefix="fr-ds-") as tmp, contextlib.ExitStack() as stack:
+        for r in range(base.stages):  # no task submitted: the agents stay quiet
+            stack.enter_context(AgentProcess(state_dir=Path(tmp) / f"state{r}", gpu=r))
+        sampled = launch(PipelineConfig(**{**base.__dict__, "instrument": True, "socket_dir": tmp,
+                                           "quiet_sample_ms": 3600e3}), tmp_path / "sampled")
+    for a, b in zip(plain, sampled, strict=True):
+        assert (a["params_sha256"], a["losses"]) == (b["params_sha256"], b["losses"])
+        assert b["untimed_steps"] == base.iterations - 1, b["untimed_steps"]
+        assert b["bubbles"] and {x["iteration"] for x in b["bubbles"]} == {0}, b["bubbles"]
+        assert b["reporter_path"] == "shm"

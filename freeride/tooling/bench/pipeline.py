@@ -50,6 +50,7 @@ class PipelineConfig:
     record: bool = True
     alternate: bool = False  # instrument odd blocks only: plain and instrumented steps in one run
     block: int = 1  # iterations per block when alternating
+    quiet_sample_ms: float = 0.0  # DeepSpeed: a quiet agent's CPU stage times one step this often (0: each)
     warmup: int = 0  # iterations run instrumented before the alternation starts (the agent learns slots)
     framework: str = "torch"  # or "deepspeed" (its PipelineEngine, 1F1B TrainSchedule)
     model: str = "sleep"  # "mlp" or "transformer" (freeride.tooling.bench.lm): forward_ms/backward_ms unused
@@ -140,12 +141,15 @@ def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[A
         "reporter_dropped": 0,
         "reporter_path": reporter_path,  # "shm" or "grpc" once connected ("" when not instrumented or unconnected)
         "reporter_wakes": 0,  # eventfd writes to the agent (the ring road): none while it has nothing to grant
+        "untimed_steps": 0,  # instrumented steps a quiet agent let run untimed (WaitTracker.timed)
     }
     if inst is not None:
+        inst.undo()  # first: the tracker writes (and records) what quiet steps kept
         result["bubbles"] = [asdict(b) for b in inst.bubbles]
         result["reporter_dropped"] = inst.reporter.dropped
         result["reporter_wakes"] = inst.reporter.wakes
-        inst.close()
+        result["untimed_steps"] = inst.tracker.untimed_steps
+        inst.reporter.close()
     return result
 
 
@@ -180,7 +184,7 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     if cfg.instrument:
         from freeride.trainer.deepspeed import instrument
 
-        inst = instrument(engine, record=cfg.record)
+        inst = instrument(engine, record=cfg.record, quiet_sample_ms=cfg.quiet_sample_ms)
         inst.reporter.wait_connected(10)
         reporter_path = inst.reporter.path
 

@@ -59,6 +59,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatch-size", type=int, help="samples per micro-batch (default: 2 torch, 16 deepspeed)")
     p.add_argument("--layers-per-stage", type=int, help="mlp model (default: 2)")
     p.add_argument("--iterations", type=int, default=63)
+    p.add_argument("--quiet-sample-ms", type=float, default=0.0,
+                   help="deepspeed: while the agent is quiet, time one step this often, the others unhooked "
+                        "(0: every step; freeride.trainer.deepspeed.instrument)")
     p.add_argument("--cpus", metavar="LIST", help="pin rank r to the r-th of these CPUs (mod their count), e.g. 0,1")
     paths.add_arg(p)
 
@@ -86,6 +89,7 @@ def _config(ns: argparse.Namespace, root: Path, path: str) -> PipelineConfig:
         microbatch_size=ns.microbatch_size or mbs,
         layers_per_stage=ns.layers_per_stage or layers, iterations=ns.iterations, instrument=True,
         socket_dir=str(root), alternate=True, bubble_path=paths.reporter_path(path), cpus=_cpus(ns.cpus),
+        quiet_sample_ms=ns.quiet_sample_ms,
     )
 
 
@@ -113,6 +117,8 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         agent_cpu_s = sum(sum(p.cpu_times()[:2]) for p in procs) - sum(cpu_before)
     plain, instrumented, paired, null, cpu_paired, cpu_null = [], [], [], [], [], []
     inverse, cpu_inverse = [], []  # each plain step over the mean of the instrumented steps on either side
+    cpu_timed: list[float] = []  # cpu_paired split: instrumented steps that timed their waits ...
+    cpu_untimed: list[float] = []  # ... and the others
     per_rank = []
     v = 1 if cfg.schedule in SINGLE else 2
     for res in results:
@@ -127,8 +133,14 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         cpu_inverse += _paired(res["step_cpu_ms"], 1, _WARMUP + 2)
         cpu_paired += _paired(res["step_cpu_ms"], 1, _WARMUP + 1)
         cpu_null += _paired(res["step_cpu_ms"], 2, _WARMUP + 2)
-        iters = sorted({b["iteration"] for b in res["bubbles"] if b["iteration"] >= _WARMUP})
-        waits = [b for b in res["bubbles"] if b["iteration"] in iters and b["kind"] != 5]
+        # The tracker numbers the steps it was enabled for (the instrumented ones): its k-th is that step's index.
+        step_of = [i for i in range(len(steps)) if cfg.instrumented(i)]
+        timed_steps = {step_of[b["iteration"]] for b in res["bubbles"]}
+        iters = sorted(i for i in timed_steps if i >= _WARMUP)
+        for i, ratio in zip(range(_WARMUP + 1, len(steps) - 1, 2), _paired(res["step_cpu_ms"], 1, _WARMUP + 1),
+                            strict=True):
+            (cpu_timed if i in timed_steps else cpu_untimed).append(ratio)
+        waits = [b for b in res["bubbles"] if step_of[b["iteration"]] >= _WARMUP and b["kind"] != 5]
         idle_ms = sum((b["end_ns"] - b["start_ns"]) / 1e6 for b in waits)
         busy_ms = sum(steps[i] for i in iters)
         per_rank.append({
@@ -141,6 +153,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
             "path": res["reporter_path"],
             "dropped_by_reporter": res["reporter_dropped"],
             "agent_wakes": res["reporter_wakes"],
+            "untimed_steps": res["untimed_steps"],
         })
     step_plain = statistics.median(plain)
     step_inst = statistics.median(instrumented)
@@ -155,6 +168,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
            {"dim": cfg.dim, "microbatch_size": cfg.microbatch_size, "layers_per_stage": cfg.layers_per_stage}),
         "iterations": cfg.iterations,
         "cpus": format_cpu_list(frozenset(cfg.cpus)) if cfg.cpus else "any",
+        **({"quiet_sample_ms": cfg.quiet_sample_ms} if cfg.framework == "deepspeed" else {}),
         "step_ms_plain": round(step_plain, 3),
         "step_ms_instrumented": round(step_inst, 3),
         "overhead_ratio": round(statistics.median(paired), 4),
@@ -164,6 +178,11 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "cpu_overhead_ratio": round(statistics.median(cpu_paired), 4),
         "cpu_null_ratio": round(statistics.median(cpu_null), 4),
         "cpu_balanced_ratio": _balanced(cpu_paired, cpu_inverse),
+        # While the agent is quiet an integration may time only some steps (WaitTracker.timed): the share of the
+        # instrumented steps it timed, and the CPU figure for those and for the others apart.
+        "timed_share": round(len(cpu_timed) / (len(cpu_timed) + len(cpu_untimed)), 4) if cpu_paired else 0.0,
+        "cpu_overhead_ratio_timed": round(statistics.median(cpu_timed), 4) if cpu_timed else None,
+        "cpu_overhead_ratio_untimed": round(statistics.median(cpu_untimed), 4) if cpu_untimed else None,
         "bubble_fraction_measured": round(statistics.mean(r["bubble_fraction_measured"] for r in per_rank), 4),
         "bubble_fraction_theory": round((cfg.stages - 1) / (m * v + cfg.stages - 1), 4),
         "dropped_by_reporter": sum(r["dropped_by_reporter"] for r in per_rank),
