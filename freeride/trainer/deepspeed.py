@@ -31,7 +31,7 @@ from freeride.trainer.waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTrac
 
 TESTED_DEEPSPEED = ">=0.19,<0.20"
 
-__all__ = ["TESTED_DEEPSPEED", "DeepSpeedInstrumentation", "instrument"]
+__all__ = ["TESTED_DEEPSPEED", "DeepSpeedInstrumentation", "instrument", "sends_block"]
 
 
 class DeepSpeedHookError(FreerideError):
@@ -73,6 +73,13 @@ def _remove_all_reduce_hook() -> None:
         if _hook_users == 0 and _original_all_reduce is not None:
             comm.all_reduce = _original_all_reduce
             _original_all_reduce = None
+
+
+def sends_block(device: Any) -> bool:
+    """Whether a stage's sends wait for the neighbour: on a CPU stage (gloo) a send blocks until the neighbour takes
+    the data, idle time like a receive's, so it is timed. On CUDA an NCCL send is queued on the stream and returns
+    at once: a hook there would time nothing and, with `stream` edges, synchronise the stream twice a send."""
+    return getattr(device, "type", "cpu") != "cuda"
 
 
 class DeepSpeedInstrumentation(Instrumented):
@@ -191,12 +198,11 @@ def instrument(
         ds_schedule.RecvActivation: inst._around(FWD, base_map[ds_schedule.RecvActivation]),
         ds_schedule.RecvGrad: inst._around(BWD, base_map[ds_schedule.RecvGrad]),
     }
-    # A send blocks until the neighbour takes the data when the backend is gloo (NCCL sends are
-    # asynchronous on the stream): that wait is idle time too.
-    for name in ("SendActivation", "SendGrad"):
-        cls = getattr(ds_schedule, name, None)
-        if cls in base_map:
-            wrapped[cls] = inst._around(0, base_map[cls])
+    if sends_block(device):
+        for name in ("SendActivation", "SendGrad"):
+            cls = getattr(ds_schedule, name, None)
+            if cls in base_map:
+                wrapped[cls] = inst._around(0, base_map[cls])
     if getattr(ds_schedule, "OptimizerStep", None) in base_map:
         wrapped[ds_schedule.OptimizerStep] = inst._optimizer_step(base_map[ds_schedule.OptimizerStep])
         _install_all_reduce_hook()
