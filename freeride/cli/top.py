@@ -8,6 +8,7 @@ every --interval so clocks and uptimes move.
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -111,6 +112,33 @@ class _Wakeups:
             s.cancel()
 
 
+class _CtrlC:
+    """Ctrl-C ends the view through a flag, not a KeyboardInterrupt: one raised while a gRPC call waits is checked
+    for by gRPC's C core, which can swallow it, and `top` then went on redrawing (seen in CI: Ctrl-C did nothing).
+    The handler only sets the flag and wakes the loop; the previous handler is put back on exit."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self.pressed = False
+        self._wake = wake
+        self._stop = threading.Event()
+        self._previous: object = None
+
+    def __enter__(self) -> _CtrlC:
+        self._previous = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+
+    def _press(self, signum: int, frame: object) -> None:
+        self.pressed = True
+        self._stop.set()
+        self._wake.set()
+
+    def sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+
 def cmd_top(ns: argparse.Namespace) -> int:
     if ns.interval <= 0:
         raise UsageError(f"--interval must be > 0 seconds, got {ns.interval}")
@@ -129,13 +157,17 @@ def cmd_top(ns: argparse.Namespace) -> int:
 
         wake = _Wakeups(clients)
         try:
-            with Live(render(frame, expand), console=con, auto_refresh=False, screen=False) as live:
-                while True:
+            with Live(render(frame, expand), console=con, auto_refresh=False, screen=False) as live, \
+                    _CtrlC(wake.changed) as ctrl_c:
+                while not ctrl_c.pressed:
                     wake.changed.wait(ns.interval)
                     wake.changed.clear()
+                    if ctrl_c.pressed:
+                        break
                     live.update(render(fetch(clients), expand), refresh=True)
-                    time.sleep(_MIN_REDRAW_S)  # UI rate cap: bubbles can end hundreds of times a second
-        except KeyboardInterrupt:
+                    ctrl_c.sleep(_MIN_REDRAW_S)  # UI rate cap: bubbles can end hundreds of times a second
+            return 0
+        except KeyboardInterrupt:  # pressed before the handler was in place, or after it was restored
             return 0
         finally:
             wake.close()

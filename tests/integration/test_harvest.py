@@ -78,8 +78,17 @@ def test_higher_priority_is_served_first(agent, client):
     with WindowCollector(client) as windows:
         drive(agent, trace)
         windows.wait_for_all(client)
-    assert all(w.shares[0].task_id == high.id for w in windows.windows)
-    assert client.get(high.id).counters.harvested_s > 5 * client.get(low.id).counters.harvested_s
+    # Judged on the windows that opened with the high task free (its last window reported done before): a task
+    # still busy is passed over by design, which a runner stalling its worker for 25 ms could make happen.
+    judged, high_idle = [], 0
+    for w in sorted(windows.windows, key=lambda w: w.bubble_start_ns):
+        if high_idle <= w.bubble_start_ns:
+            judged.append(w)
+        high_idle = max([high_idle, *(s.idle_ns for s in w.shares if s.task_id == high.id)])
+    assert len(judged) >= len(windows.windows) // 2, (len(judged), len(windows.windows))
+    assert all(w.shares[0].task_id == high.id for w in judged)
+    busy = {t: sum(s.busy_ns for w in judged for s in w.shares if s.task_id == t) for t in (high.id, low.id)}
+    assert busy[high.id] > 5 * busy[low.id], busy
 
 
 def test_tasks_of_equal_priority_share_harvested_time_fairly(agent, client):

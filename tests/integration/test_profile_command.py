@@ -57,8 +57,9 @@ def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(p
         kinds = {sl["kind"] for sl in s["slots"]}
         assert kinds <= {"fill", "warm-up→first backward", "drain gap", "drain", "between steps"}, kinds
         assert all(sl["count"] >= 1 and sl["p95_ms"] >= sl["p50_ms"] >= 0 for sl in s["slots"])
-        # A wait under 1 ms is not reported the next iteration (the trainer's rule); a real bubble every time.
-        assert all(sl["count"] >= ITERATIONS - 1 for sl in s["slots"] if sl["p50_ms"] >= F_MS / 2)
+        # A wait under 1 ms is not reported the next iteration (the trainer's rule); a real bubble nearly every
+        # time (a rank late by a bubble's length on a loaded runner turns it into a short wait, once or twice).
+        assert all(sl["count"] >= ITERATIONS - 2 for sl in s["slots"] if sl["p50_ms"] >= F_MS / 2)
         # The slots' shares add up to the measured idle share (the harvestable ones).
         assert sum(sl["share"] for sl in s["slots"] if sl["kind"] != "between steps") == pytest.approx(
             s["bubble_fraction"], rel=0.1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from freeride.tooling.harness import (
 from freeride.v1 import tasks_pb2
 
 _ORACLE_DRAWS = 32
+_MODEL_DRAWS = 5  # replays given the run's measurements, averaged
 _FLOOR_WAKES = 300  # at most: at a 20-40 ms pace, 6-12 s
 
 
@@ -101,6 +103,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         reporter.close()
         collector.wait_for(_expected_windows(stage_trace), 2.0)  # the last one is accounted when its worker idles
         stats = client.stats()
+        timeline = client.timeline()  # the windows' steps, each with its duration
         collector.close()
         windows = collector.windows
     edges = sorted(t for _, s, e in bubbles for t in (s, e))
@@ -117,13 +120,16 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
     margin_ns = int(ns.margin_ms * 1e6) if ns.margin_ms is not None else None
     nominal = whatif.replay(played, whatif.fixed_steps(int(ns.step_ms * 1e6), int(ns.step_jitter_ms * 1e6), ns.seed),
                             margin_ns=margin_ns)
-    # The same replay given what this machine did in this run: its grants' latencies and the worker's step
-    # durations (a sleep overshoots on a busy machine). The scheduler is then the only thing compared.
-    step_means = [sh.busy_ns // sh.steps for w in windows for sh in w.shares if sh.steps]
-    grants_ns = [int(us * 1e3) for us in grant_latencies_us(windows) if us > 0]
-    measured = whatif.replay(played, whatif.drawn_steps(step_means, ns.seed), margin_ns=margin_ns,
-                             grant_latency_ns=whatif.drawn_steps(grants_ns, ns.seed + 1)) \
-        if step_means and grants_ns else nominal
+    # The same replay given what this machine did in this run: each grant's latency (START -> the worker ran: its
+    # first step, or its wake-up where no step fitted) and each step's duration (a sleep overshoots on a busy
+    # machine, and one long step raises the margin for many windows after it), averaged over a few draws. The
+    # scheduler is then the only thing compared.
+    step_ns = [sp.duration_ns for w in timeline.windows for sh in w.shares for sp in sh.step_spans] or \
+        [sh.busy_ns // sh.steps for w in windows for sh in w.shares if sh.steps]
+    grants_ns = [g for g in (_grant_ns(w) for w in windows) if g > 0]
+    draws = [whatif.replay(played, whatif.drawn_steps(step_ns, ns.seed + k), margin_ns=margin_ns,
+                           grant_latency_ns=whatif.drawn_steps(grants_ns, ns.seed + 100 + k)).share
+             for k in range(_MODEL_DRAWS)] if step_ns and grants_ns else [nominal.share]
     g = stats.gpu
     t = stats.tasks[0].counters
     learned = [w for w in windows if w.iteration >= 2]
@@ -144,7 +150,7 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "efficiency": round(g.harvested_s / g.bubble_s, 4) if g.bubble_s else 0.0,
         "ideal_efficiency": round(ideal / sum(bubble_lengths), 4) if bubble_lengths else 0.0,
         "efficiency_after_learning": round(steady_harvest_s / steady_bubble_s, 4) if steady_bubble_s else 0.0,
-        "whatif_efficiency_after_learning": round(measured.share, 4),
+        "whatif_efficiency_after_learning": round(statistics.fmean(draws), 4),
         "whatif_nominal_efficiency_after_learning": round(nominal.share, 4),
         "steps": t.steps,
         "overrun_steps": t.overrun_steps,
@@ -162,6 +168,16 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "windows": len(windows),
         "dropped_by_reporter": dropped,
     }
+
+
+def _grant_ns(w: tasks_pb2.WindowRecord) -> int:
+    """START stamped -> the worker ran in this window: its first step, else its wake-up (no step fitted); 0: neither."""
+    s = w.shares[0] if w.shares else None
+    if s is None:
+        return 0
+    if s.steps:
+        return s.first_step_ns - w.bubble_start_ns
+    return s.woke_ns - w.bubble_start_ns if s.woke_ns else 0
 
 
 def _iterations_of(stage_trace: list[list[tr.Segment]]) -> list[int]:

@@ -79,6 +79,15 @@ class PipelineConfig:
         return (iteration - self.warmup) // self.block % 2 == 1
 
 
+_slept_ns = [0]  # this rank's sleep model: the compute it really slept (a sleep overshoots on a loaded machine)
+
+
+def _sleep(seconds: float) -> None:
+    t0 = time.monotonic_ns()
+    time.sleep(seconds)
+    _slept_ns[0] += time.monotonic_ns() - t0
+
+
 def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
     import torch
 
@@ -87,12 +96,12 @@ def _make_block(dim: int, forward_s: float, backward_s: float) -> Any:
 
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
-            time.sleep(forward_s)
+            _sleep(forward_s)
             return x.clone()
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            time.sleep(backward_s)
+            _sleep(backward_s)
             return grad
 
     class Block(torch.nn.Module):
@@ -125,7 +134,7 @@ def _stage_modules(cfg: PipelineConfig, count: int) -> list[Any]:
 
 def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
             inst: Any, step_start_ns: list[int] | None = None, reporter_path: str = "",
-            step_cpu_ns: list[int] | None = None) -> dict[str, Any]:
+            step_cpu_ns: list[int] | None = None, compute_ns: list[int] | None = None) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in params:
         digest.update(p.detach().cpu().numpy().tobytes())
@@ -136,6 +145,7 @@ def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[A
         "params_sha256": digest.hexdigest(),
         "step_ms": [s / 1e6 for s in step_ns],
         "step_cpu_ms": [s / 1e6 for s in step_cpu_ns or []],  # the training thread's CPU time in each step
+        "compute_ms": [s / 1e6 for s in compute_ns or []],  # the sleep model's compute, as really slept, each step
         "step_start_ns": step_start_ns or [],
         "bubbles": [],
         "reporter_dropped": 0,
@@ -198,17 +208,20 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     losses: list[float] = []
     step_ns: list[int] = []
     step_cpu_ns: list[int] = []
+    compute_ns: list[int] = []
     for it in range(cfg.iterations):
         if inst is not None:
             inst.tracker.enabled = cfg.instrumented(it)
+        slept = _slept_ns[0]
         c0 = time.thread_time_ns()
         t0 = time.monotonic_ns()
         loss = engine.train_batch(iter(batches(it)))
         step_ns.append(time.monotonic_ns() - t0)
         step_cpu_ns.append(time.thread_time_ns() - c0)
+        compute_ns.append(_slept_ns[0] - slept)
         losses.append(float(loss))
     result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst,
-                     reporter_path=reporter_path, step_cpu_ns=step_cpu_ns)
+                     reporter_path=reporter_path, step_cpu_ns=step_cpu_ns, compute_ns=compute_ns)
     dist.barrier()
     return result
 
@@ -277,6 +290,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
     step_ns: list[int] = []
     step_cpu_ns: list[int] = []
     step_start_ns: list[int] = []
+    compute_ns: list[int] = []
     batch = cfg.microbatches * cfg.microbatch_size
     for it in range(cfg.iterations):
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + it * cfg.data_parallel + replica)
@@ -290,6 +304,7 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
             inst.enabled = cfg.instrumented(it)
         optimizer.zero_grad()
         mb_losses: list[Any] = []
+        slept = _slept_ns[0]
         c0 = time.thread_time_ns()
         t0 = time.monotonic_ns()
         args = (x,) if has_first else ()
@@ -304,13 +319,15 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
         step_ns.append(time.monotonic_ns() - t0)
         step_cpu_ns.append(time.thread_time_ns() - c0)
         step_start_ns.append(t0)
+        compute_ns.append(_slept_ns[0] - slept)
         if has_last:
             losses.append(float(torch.stack(mb_losses).sum()) / (cfg.microbatches if text is not None else 1))
         if progress is not None:
             progress.write(json.dumps({"iteration": it, "step_ms": step_ns[-1] / 1e6,
                                        "loss": losses[-1] if has_last else None}) + "\n")
             progress.flush()
-    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path, step_cpu_ns)
+    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path, step_cpu_ns,
+                     compute_ns)
     dist.barrier()
     dist.destroy_process_group()
     return result
