@@ -128,7 +128,8 @@ class _CtrlC:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+        if self._previous is not None:  # None: the handler was not set from Python (nothing to put back)
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
 
     def _press(self, signum: int, frame: object) -> None:
         self.pressed = True
