@@ -158,8 +158,10 @@ def cmd_top(ns: argparse.Namespace) -> int:
 
         wake = _Wakeups(clients)
         try:
-            with Live(render(frame, expand), console=con, auto_refresh=False, screen=False) as live, \
-                    _CtrlC(wake.changed) as ctrl_c:
+            # The handler first: once the first frame shows, Ctrl-C ends the view (even where SIGINT came ignored,
+            # as in a job a non-interactive shell started in the background).
+            with _CtrlC(wake.changed) as ctrl_c, \
+                    Live(render(frame, expand), console=con, auto_refresh=False, screen=False) as live:
                 while not ctrl_c.pressed:
                     wake.changed.wait(ns.interval)
                     wake.changed.clear()

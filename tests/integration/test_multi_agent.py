@@ -125,7 +125,14 @@ def test_top_runs_live_in_a_terminal_and_ctrl_c_exits_cleanly(two):
         assert b"a0" in seen, seen.decode(errors="replace")
         proc.send_signal(signal.SIGINT)
         read_until(lambda: proc.poll() is not None, 10)  # keep reading: a full terminal would block its writes
-        assert proc.wait(timeout=5) == 0
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            signals = [line for line in status.splitlines() if line.startswith(("SigIgn", "SigCgt"))]
+            raise AssertionError(f"top still runs 15 s after Ctrl-C; {signals}; its terminal's last output: "
+                                 f"{seen[-600:].decode(errors='replace')!r}") from None
+        assert code == 0, seen[-600:].decode(errors="replace")
     finally:
         if proc.poll() is None:
             proc.kill()
