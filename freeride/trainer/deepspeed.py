@@ -56,8 +56,8 @@ def _install_all_reduce_hook() -> None:
 
         @functools.wraps(original)
         def all_reduce(*args: Any, **kwargs: Any) -> Any:
-            inst = getattr(_local, "optimizer_step", None)
-            if inst is None or not inst.tracker.enabled:
+            inst = getattr(_local, "optimizer_step", None)  # set by a timed step's OptimizerStep only
+            if inst is None:
                 return original(*args, **kwargs)
             return inst.tracker.wait(END_OF_STEP, lambda: original(*args, **kwargs))
 
@@ -115,8 +115,7 @@ class DeepSpeedInstrumentation(Instrumented):
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:  # no closure made per call: it runs ~35 times a step
-            if not tracker.enabled:
-                return fn(*args, **kwargs)
+            # In the engine's map only while a step is timed (_train_batch swaps it): no `enabled` check here.
             log = tracker.quiet_log
             if log is not None:  # the agent is quiet: only timed here, reported at the step's end (WaitTracker)
                 start = monotonic_ns()

@@ -39,6 +39,18 @@ def served(tmp_path: Path) -> Iterator[Served]:
         yield s
 
 
+@pytest.fixture
+def ringed(served: Served) -> Iterator[BubbleReporter]:
+    """A rank-1 trainer's reporter that took the served agent's ring, the agent's clock caught up with it."""
+    reporter = BubbleReporter(served.target, rank=1)
+    try:
+        assert reporter.wait_path("shm", 10)
+        served.on_loop(served.clock.catch_up)
+        yield reporter
+    finally:
+        reporter.close()
+
+
 class Said(logging.Handler):
     """The agent's log lines, and an event set once one of them contains `words`."""
 
@@ -201,42 +213,33 @@ def test_a_trainer_that_never_maps_its_ring_stays_on_grpc_once_the_offer_times_o
             assert (gpu.bubbles, gpu.rejected_events, gpu.trainers) == (1, 0, 0)  # the edges came on the stream
 
 
-def test_a_local_trainer_takes_its_ring_and_its_edges_arrive_through_it(served: Served) -> None:
-    reporter = BubbleReporter(served.target, rank=1)
-    try:
-        assert reporter.wait_path("shm", 10)
-        served.on_loop(served.clock.catch_up)
-        with reporter.bubble(0):
-            pass
-        with freeride.Client(served.target, timeout_s=10) as c:
-            gpu = c.stats().gpu  # a Stats call reads the ring first
-            assert gpu.bubbles == 1 and [(t.path, t.rank, t.edges) for t in gpu.trainer_streams] == [("shm", 1, 2)]
-    finally:
-        reporter.close()
+def test_a_local_trainer_takes_its_ring_and_its_edges_arrive_through_it(served: Served,
+                                                                       ringed: BubbleReporter) -> None:
+    with ringed.bubble(0):
+        pass
+    with freeride.Client(served.target, timeout_s=10) as c:
+        gpu = c.stats().gpu  # a Stats call reads the ring first
+        assert gpu.bubbles == 1 and [(t.path, t.rank, t.edges) for t in gpu.trainer_streams] == [("shm", 1, 2)]
 
 
-def test_a_ring_read_late_takes_edges_by_their_age_at_the_last_read_and_refuses_older_ones(served: Served) -> None:
-    reporter = BubbleReporter(served.target, rank=1)
-    try:
-        assert reporter.wait_path("shm", 10)
-        served.on_loop(served.clock.catch_up)
-        with reporter.bubble(0):  # no task: the quiet agent reads the ring only when asked
-            pass
-        served.on_loop(lambda: served.clock.advance(90 * 10**9))  # nobody asks for a minute and a half
-        with freeride.Client(served.target, timeout_s=10) as c:
-            gpu = c.stats().gpu
-            assert (gpu.bubbles, gpu.rejected_events) == (1, 0)  # 90 s old, but written since the last read
-            stale = served.clock() - 61 * 10**9  # stamped a minute before the read that just happened
-            reporter.start(1, time_ns=stale)
-            reporter.end(1, time_ns=stale + 1000)
-            gpu = c.stats().gpu
-            assert (gpu.bubbles, gpu.rejected_events) == (1, 2)
-    finally:
-        reporter.close()
+def test_a_ring_read_late_takes_edges_by_their_age_at_the_last_read_and_refuses_older_ones(
+        served: Served, ringed: BubbleReporter) -> None:
+    with ringed.bubble(0):  # no task: the quiet agent reads the ring only when asked
+        pass
+    served.on_loop(lambda: served.clock.advance(90 * 10**9))  # nobody asks for a minute and a half
+    with freeride.Client(served.target, timeout_s=10) as c:
+        gpu = c.stats().gpu
+        assert (gpu.bubbles, gpu.rejected_events) == (1, 0)  # 90 s old, but written since the last read
+        stale = served.clock() - 61 * 10**9  # stamped a minute before the read that just happened
+        ringed.start(1, time_ns=stale)
+        ringed.end(1, time_ns=stale + 1000)
+        gpu = c.stats().gpu
+        assert (gpu.bubbles, gpu.rejected_events) == (1, 2)
 
 
-def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as_it_comes(served: Served) -> None:
-    reporter = BubbleReporter(served.target, rank=1)
+def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as_it_comes(
+        served: Served, ringed: BubbleReporter) -> None:
+    reporter = ringed
     hour = 3600 * 10**9
     tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=hour)  # a CPU stage; every wait reported
 
@@ -247,8 +250,6 @@ def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as
         tracker.end_step()
 
     try:
-        assert reporter.wait_path("shm", 10)
-        served.on_loop(served.clock.catch_up)
         with freeride.Client(served.target, timeout_s=10) as c:
             step(3)  # no task: the agent is quiet, so the steps only time their waits ...
             step(1)
@@ -269,26 +270,20 @@ def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as
             assert (gpu.events, gpu.bubbles) == (22, 7)
     finally:
         tracker.close()
-        reporter.close()
 
 
-def test_the_waits_a_quiet_step_only_timed_are_written_when_the_tracker_closes(served: Served) -> None:
-    reporter = BubbleReporter(served.target, rank=1)
-    tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=3600 * 10**9, record=True)
-    try:
-        assert reporter.wait_path("shm", 10)
-        served.on_loop(served.clock.catch_up)
-        tracker.begin_step()
-        tracker.wait(BWD, lambda: None)
-        tracker.end_step()
-        assert reporter.sent == 0
-        tracker.close()
-        assert reporter.sent == 3  # the wait, and the start of the gap after it
-        assert [(b.iteration, b.slot, b.kind) for b in tracker.bubbles] == [(0, 0, trainer_pb2.BUBBLE_KIND_WARMUP)]
-        with freeride.Client(served.target, timeout_s=10) as c:
-            assert c.stats().gpu.bubbles == 1
-    finally:
-        reporter.close()
+def test_the_waits_a_quiet_step_only_timed_are_written_when_the_tracker_closes(served: Served,
+                                                                              ringed: BubbleReporter) -> None:
+    tracker = WaitTracker(ringed, min_report_ns=0, quiet_flush_ns=3600 * 10**9, record=True)
+    tracker.begin_step()
+    tracker.wait(BWD, lambda: None)
+    tracker.end_step()
+    assert ringed.sent == 0
+    tracker.close()
+    assert ringed.sent == 3  # the wait, and the start of the gap after it
+    assert [(b.iteration, b.slot, b.kind) for b in tracker.bubbles] == [(0, 0, trainer_pb2.BUBBLE_KIND_WARMUP)]
+    with freeride.Client(served.target, timeout_s=10) as c:
+        assert c.stats().gpu.bubbles == 1
 
 
 class ThreadNotingProbe:
@@ -428,9 +423,8 @@ def test_cancel_is_final_and_later_actions_say_why_they_cannot_run(served: Serve
 
 
 def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_the_agent_listens(
-        served: Served) -> None:
-    reporter = BubbleReporter(served.target, rank=1)
-    tracker = WaitTracker(reporter, min_report_ns=0, quiet_flush_ns=0, quiet_sample_ns=3600 * 10**9, record=True)
+        served: Served, ringed: BubbleReporter) -> None:
+    tracker = WaitTracker(ringed, min_report_ns=0, quiet_flush_ns=0, quiet_sample_ns=3600 * 10**9, record=True)
     timed: list[bool] = []
 
     def step() -> None:
@@ -443,8 +437,6 @@ def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_th
         tracker.end_step()
 
     try:
-        assert reporter.wait_path("shm", 10)
-        served.on_loop(served.clock.catch_up)
         with freeride.Client(served.target, timeout_s=10) as c:
             step()  # the first step is timed (the tracker learns the agent is quiet at its end) ...
             step()  # ... and then none until an hour has passed ...
@@ -460,4 +452,3 @@ def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_th
             assert c.stats().gpu.bubbles == 3
     finally:
         tracker.close()
-        reporter.close()
