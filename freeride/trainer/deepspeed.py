@@ -158,7 +158,7 @@ def instrument(
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
-    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges). `sync_cuda=False` means "off".
+    $FREERIDE_EDGE_SYNC, else "event"; see freeride.trainer.edges). `sync_cuda=False` means "off".
     `quiet_sample_ms`: while the agent is quiet (no task could use a bubble), a CPU stage times one step
     every that many milliseconds and runs the others unhooked (0, the default: every step; see
     freeride.trainer.waits). The profile's per-iteration figures stay exact; the agent's bubble counters

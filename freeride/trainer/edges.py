@@ -4,18 +4,23 @@ An NCCL receive does not block the CPU: the training thread reaches a pipeline w
 is still running the kernels queued before it, and leaves the wait before the data has landed.
 The GPU's real bubble is from the moment it drains to the moment the received data is there.
 
-- `stream` (the default until a GPU measurement picks one): the training thread synchronises the
-  current stream before the wait (START when the GPU has drained) and after it (END when the data
-  has landed). Exact, but the CPU can no longer run ahead queueing kernels across a wait.
-- `event`: the training thread records a CUDA event (timing disabled, from a reused pool) and goes
+- `event` (the default): the training thread records a CUDA event (timing disabled, from a reused pool) and goes
   on; one watcher thread, off the training thread, blocks in `event.synchronize()` (which releases
   the GIL) and reports START once the GPU has drained, and END once the event recorded after the
   wait (the received data) has completed. The training thread never waits for the GPU.
+- `stream`: the training thread synchronises the current stream before the wait (START when the
+  GPU has drained) and after it (END when the data has landed). Exact, but the CPU can no longer
+  run ahead queueing kernels across a wait.
 - `off`: edges at the CPU's own times. Exact on CPU (gloo blocks the CPU); on CUDA the START comes
   early (the GPU is still busy) and the END may come early too.
 
-Choose with `instrument(..., edge_sync="event")` or `FREERIDE_EDGE_SYNC=event`. On a CPU device the
+Choose with `instrument(..., edge_sync="stream")` or `FREERIDE_EDGE_SYNC=stream`. On a CPU device the
 mode is always `off`: there is nothing to synchronise.
+
+Why `event`: on an H200 (torch 2.11, `freeride bench overhead --neighbour gpu`, where a wait stalls the
+stream as an NCCL receive does and the CPU runs ahead), harvesting in `stream` mode slowed the stage by
+5.3 % (6.4 % under MPS), in `event` mode by 0.8 % (2.3 % under MPS), at about the same harvest
+(docs/benchmarks.md, "First GPU run").
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 EDGE_MODES = ("stream", "event", "off")
-DEFAULT_EDGE_MODE = "stream"
+DEFAULT_EDGE_MODE = "event"
 ENV_EDGE_SYNC = "FREERIDE_EDGE_SYNC"
 
 Stamped = Callable[[int], None]  # called with the edge's time (time.monotonic_ns())

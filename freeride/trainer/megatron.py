@@ -141,7 +141,7 @@ def instrument(
 
     `device`: the rank's CUDA device (default: the current one, when CUDA is available).
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
-    $FREERIDE_EDGE_SYNC, else "stream"; see freeride.trainer.edges).
+    $FREERIDE_EDGE_SYNC, else "event"; see freeride.trainer.edges).
     """
     if not hasattr(config, "timers"):
         raise TypeError(f"{type(config).__name__} has no `timers` attribute: pass Megatron's ModelParallelConfig")

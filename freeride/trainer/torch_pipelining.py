@@ -13,7 +13,7 @@ the same slot in every iteration. Some releases have other modules of the packag
 those functions by name (`from .schedules import _wait_batch_p2p`): the hook replaces the name in
 every module of torch.distributed.pipelining that holds it, or those schedules' waits would go
 unseen. On CUDA an NCCL wait does not block the CPU, so the edges are taken by `edge_sync`:
-the stream synchronised around the wait (default), a CUDA event watched off the training thread,
+a CUDA event watched off the training thread (default), the stream synchronised around the wait,
 or none (freeride.trainer.edges). On gloo the CPU wait is exact.
 """
 
@@ -267,7 +267,7 @@ def instrument(
     `reporter`: an existing BubbleReporter (default: `freeride.trainer.connect(agent)`).
     `edge_sync`: how bubble edges are taken on CUDA: "stream" (synchronise the stream around each
     wait), "event" (a CUDA event watched off the training thread) or "off" (CPU times); default
-    $FREERIDE_EDGE_SYNC, else "stream". `sync_cuda=False` (older flag) means "off".
+    $FREERIDE_EDGE_SYNC, else "event". `sync_cuda=False` (older flag) means "off".
     `record`: also keep every bubble in `Instrumentation.bubbles`.
     `min_report_us`: a wait shorter than this in the previous iteration is not reported.
     """

@@ -11,7 +11,8 @@ import pytest
 pytestmark = pytest.mark.serial  # the overhead bench times plain and harvested steps
 
 KEYS = {"step_ms_plain", "step_ms_harvested", "slowdown", "harvested_s", "bubble_s", "efficiency",
-        "stop_after_end_ms_p50", "stop_after_end_ms_max"}
+        "trace_bubble_s", "efficiency_of_trace", "stop_after_end_ms_p50", "stop_after_end_ms_max", "neighbour",
+        "neighbour_sleep_ghz"}
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,3 +46,6 @@ def test_on_cpu_the_replay_runs_and_is_labelled_not_representative() -> None:
     # Both seconds are rounded to 0.1 ms in the JSON (efficiency is computed before rounding): allow for that.
     rounding = 1e-4 / out["bubble_s"] + 1e-4
     assert out["efficiency"] == pytest.approx(out["harvested_s"] / out["bubble_s"], abs=rounding)
+    # On CPU the neighbour is the CPU's own sleep, so the edges find the replay's gaps (each overshoots by a wake-up).
+    assert (out["neighbour"], out["neighbour_sleep_ghz"]) == ("cpu", 0.0)
+    assert out["trace_bubble_s"] <= out["bubble_s"] * 1.05 and out["bubble_s"] <= out["trace_bubble_s"] * 1.5

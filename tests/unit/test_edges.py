@@ -170,14 +170,14 @@ def test_the_mode_comes_from_the_argument_then_the_environment_then_the_default(
     cuda, cpu = _Device("cuda"), _Device("cpu")
     monkeypatch.delenv(edges.ENV_EDGE_SYNC, raising=False)
     assert resolve_mode(cpu, "event") == "off"  # a CPU wait is exact: nothing to synchronise
-    assert resolve_mode(cuda) == "stream"
+    assert resolve_mode(cuda) == "event"  # the default, chosen by the first GPU run
     assert resolve_mode(cuda, sync_cuda=False) == "off"
-    monkeypatch.setenv(edges.ENV_EDGE_SYNC, "event")
-    assert resolve_mode(cuda) == "event"
+    monkeypatch.setenv(edges.ENV_EDGE_SYNC, "stream")
+    assert resolve_mode(cuda) == "stream"
     assert resolve_mode(cuda, "off") == "off"
     with pytest.raises(ValueError, match="edge_sync must be one of stream, event, off, not 'evnt'"):
         resolve_mode(cuda, "evnt")
     monkeypatch.setenv(edges.ENV_EDGE_SYNC, "fast")
     with caplog.at_level(logging.WARNING, logger="freeride.trainer.edges"):
-        assert resolve_mode(cuda) == "stream"  # an environment variable never stops training
-    assert "FREERIDE_EDGE_SYNC='fast' is not one of stream, event, off; using stream" in caplog.text
+        assert resolve_mode(cuda) == "event"  # an environment variable never stops training
+    assert "FREERIDE_EDGE_SYNC='fast' is not one of stream, event, off; using event" in caplog.text

@@ -11,9 +11,15 @@ The trainer runs in its own process per configuration, so it can join (or not) t
 before it creates its CUDA context. Its kernels are queued as a trainer queues them (no
 synchronise after each), and each gap is a pipeline wait through freeride's own WaitTracker with
 the chosen edge mode (`--edge-sync stream|event|off|all`: each mode is a configuration of its own,
-run back to back). The wait itself stands for the neighbour: it returns `gap` after this stage's
-GPU drained, so the iteration keeps the trace's timeline in every mode. `--device cpu` runs the
-same replay on CPU as a smoke test: its numbers say nothing about a GPU.
+run back to back). The wait stands for the neighbour's send, in one of two ways (`--neighbour`):
+
+- `gpu` (the default): it stalls the stage's stream for the gap (`torch.cuda._sleep`, calibrated),
+  as an NCCL receive does: the data lands `gap` after the stream reached the receive, and the CPU
+  runs on queueing the kernels after it. A mode that makes the CPU wait for the GPU pays for it here.
+- `cpu`: the CPU waits for the stage's GPU to drain, then sleeps the gap (the first GPU run's
+  replay). Every mode's CPU waits anyway, so the cost of `stream`'s synchronisations is hidden.
+
+`--device cpu` runs the same replay on CPU as a smoke test: its numbers say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from freeride.core.stats import percentile
 from freeride.errors import FreerideError
 from freeride.tooling import trace as tr
 from freeride.tooling.harness import AgentProcess, WindowCollector, grant_latencies_us, wait_for_task
-from freeride.trainer.edges import EDGE_MODES
+from freeride.trainer.edges import DEFAULT_EDGE_MODE, EDGE_MODES
 from freeride.v1 import tasks_pb2
 
 _LEARN = 2  # reported iterations the agent needs before it grants windows
@@ -54,19 +60,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=0, help="attention heads (default hidden/128, at least 1)")
     p.add_argument("--seq", type=int, default=0, help="sequence length (default 2048 on cuda, 64 on cpu)")
     p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--layers", type=int, default=1, help="transformer blocks in this stage")
+    p.add_argument("--layers", type=int, default=0,
+                   help="transformer blocks in this stage (default 4 on cuda: F ~5 ms, B ~13 ms on an H200; 1 on cpu)")
     p.add_argument("--iterations", type=int, default=0, help="training iterations (default 40 cuda, 10 cpu)")
     p.add_argument("--side-task", default="freeride.tooling.tasks:MatmulTask",
                    help="side task reference (e.g. sidetasks.cnn:DigitsResNet); default a synthetic matmul task")
     p.add_argument("--side-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="argument for the side task (repeatable); the synthetic task takes step_ms and size")
-    p.add_argument("--side-step-ms", type=float, default=5.0, help="step time of the synthetic side task")
+    p.add_argument("--side-step-ms", type=float, default=2.0, help="step time of the synthetic side task")
     p.add_argument("--mps", choices=["off", "start", "both"], default="both",
                    help="run without MPS, with an MPS daemon the agent starts, or both (cuda only)")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control program")
-    p.add_argument("--edge-sync", choices=[*EDGE_MODES, "all"], default="stream",
+    p.add_argument("--edge-sync", choices=[*EDGE_MODES, "all"], default=DEFAULT_EDGE_MODE,
                    help="how the trainer takes bubble edges on CUDA (see instrument(edge_sync=...)); all: each "
                         "mode in turn. On cpu always off")
+    p.add_argument("--neighbour", choices=["gpu", "cpu", "both"], default="gpu",
+                   help="how a wait stands for the neighbour's send on cuda: gpu stalls the stream for the gap "
+                        "(as an NCCL receive does; the CPU runs ahead), cpu waits for the GPU to drain and sleeps "
+                        "the gap; both: each in turn. On cpu always cpu")
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -78,7 +89,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "hidden": ns.hidden or (256 if cpu else 4096),
         "seq": ns.seq or (64 if cpu else 2048),
         "micro_batch_size": ns.micro_batch_size,
-        "layers": ns.layers,
+        "layers": ns.layers or (1 if cpu else 4),
     }
     shape["heads"] = ns.heads or max(1, shape["hidden"] // 128)
     iterations = ns.iterations or (10 if cpu else 40)
@@ -88,8 +99,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         side_args.setdefault("step_ms", str(ns.side_step_ms))
         side_args.setdefault("size", "256" if cpu else "4096")
     edges = ["off"] if cpu else (list(EDGE_MODES) if ns.edge_sync == "all" else [ns.edge_sync])
-    runs = [{"mps": mode, "edge_sync": edge, **_run_config(ns, mode, edge, shape, iterations, side_args)}
-            for mode in modes for edge in edges]
+    neighbours = ["cpu"] if cpu else (["gpu", "cpu"] if ns.neighbour == "both" else [ns.neighbour])
+    runs = [{"mps": mode, "neighbour": nb, "edge_sync": edge,
+             **_run_config(ns, mode, edge, nb, shape, iterations, side_args)}
+            for mode in modes for nb in neighbours for edge in edges]
     device_name = runs[0]["device_name"]
     for r in runs:
         del r["device_name"]
@@ -123,8 +136,8 @@ def _check_device(device: str) -> None:
                             "--device cpu runs it as a smoke test that is not representative")
 
 
-def _run_config(ns: argparse.Namespace, mode: str, edge: str, shape: dict[str, int], iterations: int,
-                side_args: dict[str, str]) -> dict[str, Any]:
+def _run_config(ns: argparse.Namespace, mode: str, edge: str, neighbour: str, shape: dict[str, int],
+                iterations: int, side_args: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="frbench-", dir="/tmp") as tmp:
         root = Path(tmp)
         extra = ["--headroom", "0"]
@@ -140,7 +153,8 @@ def _run_config(ns: argparse.Namespace, mode: str, edge: str, shape: dict[str, i
             wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY], timeout_s=300)
             with WindowCollector(client) as collector:
                 plan = {"target": agent.target, "device": ns.device, "p": ns.stages, "m": ns.microbatches,
-                        "stage": ns.stage, "iterations": iterations, "edge_sync": edge, **shape}
+                        "stage": ns.stage, "iterations": iterations, "edge_sync": edge, "neighbour": neighbour,
+                        **shape}
                 res = subprocess.run([sys.executable, "-m", "freeride.tooling.bench.overhead", json.dumps(plan)],
                                      env=env, capture_output=True, text=True, check=False)
                 if res.returncode != 0:
@@ -164,6 +178,7 @@ def _summarise(trainer: dict[str, Any], windows: list[tasks_pb2.WindowRecord], h
     # The first harvested iteration is the worker's first steps: CUDA context, allocator, kernel warm-up.
     wanted = set(harvested_its)
     bubble_s = sum((e - s) / 1e9 for it, _, s, e in trainer["bubbles"] if it in wanted)
+    trace_bubble_s = sum(trainer["trace_bubble_s"][i] for i in harvested_its)  # the gaps the replay made
     mine = [w for w in windows if w.iteration in wanted]
     harvested_s = sum((sh.busy_ns - sh.overrun_ns) / 1e9 for w in mine for sh in w.shares)
     # After END (the trainer needs the GPU back), how long the side task's work kept running.
@@ -172,6 +187,7 @@ def _summarise(trainer: dict[str, Any], windows: list[tasks_pb2.WindowRecord], h
     return {
         "device_name": trainer["device_name"],
         "F_ms": round(trainer["F_ms"], 3), "B_ms": round(trainer["B_ms"], 3),
+        "neighbour_sleep_ghz": round(trainer["sleep_cycles_per_s"] / 1e9, 3),  # 0: the CPU sleeps the gaps
         "step_ms_plain": round(statistics.median(plain), 3) if plain else 0.0,
         "step_ms_harvested": round(statistics.median(harvested), 3) if harvested else 0.0,
         "slowdown": round(statistics.median(paired) - 1, 5) if paired else 0.0,
@@ -179,6 +195,10 @@ def _summarise(trainer: dict[str, Any], windows: list[tasks_pb2.WindowRecord], h
         "bubble_s": round(bubble_s, 4),
         "harvested_s": round(harvested_s, 4),
         "efficiency": round(harvested_s / bubble_s, 4) if bubble_s else 0.0,
+        # Against the gaps themselves: what the edges' mode found of them does not enter (`off` on a GPU
+        # neighbour finds next to nothing).
+        "trace_bubble_s": round(trace_bubble_s, 4),
+        "efficiency_of_trace": round(harvested_s / trace_bubble_s, 4) if trace_bubble_s else 0.0,
         "side_steps": sum(sh.steps for w in mine for sh in w.shares),
         "stop_after_end_ms_p50": round(percentile(tails_ms, 0.5), 3) if tails_ms else 0.0,
         "stop_after_end_ms_p99": round(percentile(tails_ms, 0.99), 3) if tails_ms else 0.0,
@@ -225,16 +245,23 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
     reporter = BubbleReporter(plan["target"], rank=plan["stage"], stage=plan["stage"])
     if not reporter.wait_connected(10):
         raise RuntimeError("the reporter could not connect to the agent")
-    tracker = WaitTracker(reporter, clock_for(dev, plan.get("edge_sync", "stream")), record=True, min_report_ns=0)
-    drained = torch.cuda.Event(blocking=True) if dev.type == "cuda" else None
+    clock = clock_for(dev, plan.get("edge_sync", DEFAULT_EDGE_MODE))
+    tracker = WaitTracker(reporter, clock, record=True, min_report_ns=0)
+    on_gpu = dev.type == "cuda" and plan.get("neighbour", "gpu") == "gpu"
+    drained = torch.cuda.Event(blocking=True) if dev.type == "cuda" and not on_gpu else None
+    cycles_per_s = _sleep_rate(torch) if on_gpu else 0.0
 
     def neighbour(gap_s: float) -> None:
         """The receive: its data arrives gap_s after this stage's GPU has drained (the trace's timeline)."""
+        if on_gpu:  # the stream waits, the CPU goes on (an NCCL receive)
+            torch.cuda._sleep(max(1, round(gap_s * cycles_per_s)))
+            return
         if drained is not None:
             drained.synchronize()
         _sleep_s(gap_s)
 
     steps = []
+    trace_bubble_s = [sum(seg.duration_s for seg in segments if seg.bubble) for segments in stage_trace]
     try:
         for it, segments in enumerate(stage_trace):
             tracker.enabled = it % 2 == 1
@@ -264,7 +291,23 @@ def _replay(plan: dict[str, Any]) -> dict[str, Any]:
     bubbles = [(b.iteration, b.slot, b.start_ns, b.end_ns) for b in tracker.bubbles]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return {"device_name": name, "F_ms": f_ms, "B_ms": b_ms, "step_ms": steps, "bubbles": bubbles,
-            "edge_sync": tracker.edge_mode}
+            "trace_bubble_s": trace_bubble_s, "edge_sync": tracker.edge_mode, "sleep_cycles_per_s": cycles_per_s}
+
+
+def _sleep_rate(torch: Any) -> float:
+    """GPU clock cycles a second of `torch.cuda._sleep` (which spins for a number of cycles): median of 5,
+    timed with CUDA events after a warm-up."""
+    torch.cuda._sleep(1_000_000)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(10_000_000 / (start.elapsed_time(end) / 1e3))
+    return statistics.median(rates)
 
 
 def _time_ms(fn: Any, n: int, sync: Any, prepare: Any = None) -> float:

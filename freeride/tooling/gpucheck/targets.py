@@ -48,7 +48,8 @@ def _t(name: str, key: str, op: str, limit: float) -> Target:
 TARGETS: dict[str, tuple[Target, ...]] = {
     "overhead": (
         _t("slowdown", "slowdown", "<=", 0.005),
-        _t("efficiency", "efficiency", ">=", 0.8),
+        # Of the gaps the replay made, not of what the edge mode found of them (`off` finds next to nothing).
+        _t("efficiency", "efficiency_of_trace", ">=", 0.8),
         _t("stop after END p99 (ms)", "stop_after_end_ms_p99", "<=", 2.0),
     ),
     "control": (

@@ -41,7 +41,8 @@ class GrowingHog(IterativeTask):
             import torch
 
             self._torch = torch
-            self._dev = torch.device(self.device)
+            dev = torch.device(self.device)  # "cuda" has no index, which the memory fraction needs
+            self._dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_per_process_memory_fraction(1.0, self._dev)
             torch.ones(1, device=self._dev)  # the context exists before the first step
         self._write()
