@@ -8,6 +8,7 @@ every --interval so clocks and uptimes move.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 import time
@@ -115,26 +116,44 @@ class _Wakeups:
 class _CtrlC:
     """Ctrl-C ends the view through a flag, not a KeyboardInterrupt: one raised while a gRPC call waits is checked
     for by gRPC's C core, which can swallow it, and `top` then went on redrawing (seen in CI: Ctrl-C did nothing).
-    The handler only sets the flag and wakes the loop; the previous handler is put back on exit."""
+
+    The handler takes no lock. Python runs it in the main thread between two bytecodes, which can be inside the
+    loop's own `Event.wait()` or `clear()` while that thread holds the event's lock: setting the event there
+    waited for the lock forever (top hung after Ctrl-C, CI, fix 39). So the handler sets the flag and writes a
+    byte to a pipe; a relay thread, blocked reading it, sets the events. The previous handler is put back on exit.
+    """
 
     def __init__(self, wake: threading.Event) -> None:
         self.pressed = False
         self._wake = wake
         self._stop = threading.Event()
         self._previous: object = None
+        self._closing = False
+        self._read_fd, self._write_fd = os.pipe()
+        self._relay = threading.Thread(target=self._relay_presses, name="top-ctrl-c", daemon=True)
 
     def __enter__(self) -> _CtrlC:
+        self._relay.start()
         self._previous = signal.signal(signal.SIGINT, self._press)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:  # None: the handler was not set from Python (nothing to put back)
             signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+        self._closing = True
+        os.write(self._write_fd, b"x")  # the relay's last read
+        self._relay.join()
+        os.close(self._read_fd)
+        os.close(self._write_fd)
 
     def _press(self, signum: int, frame: object) -> None:
         self.pressed = True
-        self._stop.set()
-        self._wake.set()
+        os.write(self._write_fd, b"!")  # no lock taken: see the class's note
+
+    def _relay_presses(self) -> None:
+        while os.read(self._read_fd, 1) and not self._closing:
+            self._stop.set()
+            self._wake.set()
 
     def sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,16 @@ def test_ctrl_c_inside_a_grpc_call_that_swallows_it_still_ends_top(served: Serve
     assert top.cmd_top(ns) == 0
     assert calls == 3  # no redraw after Ctrl-C
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+
+
+def test_ctrl_c_while_the_loop_holds_its_events_lock_does_not_hang() -> None:
+    """Python runs a signal handler between two bytecodes of the main thread, which can be inside the loop's own
+    `wake.wait()` or `wake.clear()` while it holds the event's lock. A handler that set the event there waited for
+    that lock forever: top hung after Ctrl-C (CI, fix 39). The handler now takes no lock."""
+    wake = threading.Event()
+    with top._CtrlC(wake) as ctrl_c:
+        with wake._cond:  # type: ignore[attr-defined]  # where Event.wait()/clear() hold it: the handler runs here
+            ctrl_c._press(signal.SIGINT, None)  # returns at once (it used to block on the lock above)
+            assert ctrl_c.pressed
+        assert wake.wait(10), "the press never woke the loop"
+        assert ctrl_c._stop.wait(10)  # the press ends the UI rate cap's sleep too
