@@ -5,7 +5,12 @@ The agent owns a file in its runtime directory: a 256-byte header and a power-of
 (its event loop). A record is eight little-endian int64 words, written by one `pack_into` in
 address order:
 
-    edge | kind << 8, slot, iteration, time_ns, expected_duration_ns, free_memory_bytes, check, commit
+    edge | kind << 8 | (stands_for - 1) << 16, slot, iteration, time_ns, expected_duration_ns,
+    free_memory_bytes, check, commit
+
+`stands_for`: how many iterations the edge's step stands for, 1 unless the trainer timed only some steps
+while the agent was quiet (freeride.trainer.waits, `quiet_sample_ns`); the agent weights its bubble
+counters by it. A writer passes it in the `kind` argument's upper bits (`kind_word`).
 
 `commit` (the record's position + 1) is stored last, then the header's `head` (records written),
 so a trainer killed mid-write leaves a record the reader never takes; `check` (the other words
@@ -221,6 +226,12 @@ class Record(NamedTuple):
     time_ns: int
     expected_duration_ns: int
     free_memory_bytes: int
+    stands_for: int = 1  # iterations the edge's step stands for (see the module's note)
+
+
+def kind_word(kind: int, stands_for: int) -> int:
+    """The `kind` argument of put/put_many for an edge whose step stands for `stands_for` iterations."""
+    return kind | (stands_for - 1) << 8
 
 
 class RingReader:
@@ -273,7 +284,8 @@ class RingReader:
         if commit != pos + 1 or edge_kind < 0 \
                 or check != commit ^ edge_kind ^ slot ^ iteration ^ time_ns ^ expected ^ free ^ _CHECK:
             return None
-        return Record(edge_kind & 0xFF, edge_kind >> 8, slot, iteration, time_ns, expected, free)
+        return Record(edge_kind & 0xFF, (edge_kind >> 8) & 0xFF, slot, iteration, time_ns, expected, free,
+                      (edge_kind >> 16) + 1)
 
     def awake(self) -> None:
         """The agent was woken: edges written from now need no wake-up until `sleep`."""

@@ -27,7 +27,15 @@ from freeride.trainer._connect import connect
 from freeride.trainer._cuda import free_memory
 from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter, Pipeline
-from freeride.trainer.waits import BWD, END_OF_STEP, FWD, Instrumented, WaitTracker, restore_attribute
+from freeride.trainer.waits import (
+    BWD,
+    DEFAULT_QUIET_SAMPLE_MS,
+    END_OF_STEP,
+    FWD,
+    Instrumented,
+    WaitTracker,
+    restore_attribute,
+)
 
 TESTED_DEEPSPEED = ">=0.19,<0.20"
 
@@ -153,16 +161,17 @@ def instrument(
     edge_sync: str | None = None,
     record: bool = False,
     min_report_us: float = 1000.0,
-    quiet_sample_ms: float = 0.0,
+    quiet_sample_ms: float = DEFAULT_QUIET_SAMPLE_MS,
 ) -> DeepSpeedInstrumentation:
     """Report the bubbles of a DeepSpeed `PipelineEngine` to the agent of this rank's GPU.
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
     $FREERIDE_EDGE_SYNC, else "event"; see freeride.trainer.edges). `sync_cuda=False` means "off".
     `quiet_sample_ms`: while the agent is quiet (no task could use a bubble), a CPU stage times one step
-    every that many milliseconds and runs the others unhooked (0, the default: every step; see
-    freeride.trainer.waits). The profile's per-iteration figures stay exact; the agent's bubble counters
-    (stats, /metrics) then count the timed steps only.
+    every that many milliseconds (default 500) and runs the others unhooked; 0: every step (see
+    freeride.trainer.waits). The profile's per-iteration figures stay exact, and each timed step tells the
+    agent how many steps it stands for, so its bubble counters (stats, /metrics) stay whole. Once a task could
+    use a bubble, every step is timed from the next one on.
     """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule

@@ -12,11 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from freeride.core.ring import kind_word
 from freeride.trainer.edges import EdgeClock, InlineClock
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2
 
 T = TypeVar("T")
+
+# DeepSpeed's default `quiet_sample_ms`: while the agent is quiet, a CPU stage times one step every half second.
+# Measured (docs/benchmarks.md, "fourth pass"): an idle instrumented DeepSpeed step then costs +0.2 % CPU at the
+# median, against +0.5 % timing every step, on a 2-core VM whose floor is ±0.3 %.
+DEFAULT_QUIET_SAMPLE_MS = 500.0
 
 BETWEEN_STEPS_SLOT = 1 << 20  # the gap between two steps: optimizer, data loading
 FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = (
@@ -74,11 +80,15 @@ class WaitTracker:
     # And while it is quiet, a CPU stage may time only some steps: one that begins `quiet_sample_ns` or more
     # after the last timed one began (0: every step). The integration asks `timed()` before a step and runs an
     # untimed one as a skipped step, with its hooks off where it can take them off (DeepSpeed's instruction
-    # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then. Off by
-    # default: the agent's bubble counters (stats, /metrics) would count the timed steps only.
+    # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then. A timed
+    # step's edges say how many steps it stands for (itself and the untimed ones before it: ring.kind_word), and
+    # the agent weights its bubble counters (stats, /metrics) by that, so they stay whole.
     quiet_sample_ns: int = 0
     quiet_log: list[int] | None = None
-    _quiet_steps: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (iteration, free bytes, log)
+    # (iteration, free bytes, log, the iterations it stands for)
+    _quiet_steps: list[tuple[int, int, list[int], int]] = field(default_factory=list)
+    _untimed_run: int = 0  # untimed steps since the last timed one: the next timed quiet step stands for them too
+    _stands_for: int = 1  # the quiet step being timed: itself and the untimed steps before it
     _quiet: bool | None = None  # whether the reporter holds edges (the agent quiet), as last asked; None: ask
     _asked: bool = False  # (not a CPU stage) the last step's end asked the reporter whether to hold
     _held_since_ns: int = 0  # when the oldest of _quiet_steps ended
@@ -104,6 +114,7 @@ class WaitTracker:
             self._timed_ns = now
             return True
         self.untimed_steps += 1
+        self._untimed_run += 1
         self.iteration += 1  # it is an iteration all the same: the timed ones keep their numbers (profile periods)
         return False
 
@@ -174,8 +185,10 @@ class WaitTracker:
             self._quiet = self.reporter.hold()
         if self._quiet:
             self.quiet_log = []
-        else:
+            self._stands_for = 1 + self._untimed_run
+        else:  # (the agent listens again: untimed steps just before this one are not counted)
             self.reporter.set_iteration(self.iteration)
+        self._untimed_run = 0
 
     def _end_direct_step(self) -> None:
         now = time.monotonic_ns()
@@ -198,7 +211,8 @@ class WaitTracker:
     def _push_quiet_log(self) -> None:
         log = self.quiet_log
         assert log is not None
-        self._quiet_steps.append((self.iteration, self._free_bytes, log))
+        self._quiet_steps.append((self.iteration, self._free_bytes, log, self._stands_for))
+        self._stands_for = 1
         self.quiet_log = None
         self.waits_seen += len(log) // 3
 
@@ -209,9 +223,9 @@ class WaitTracker:
             self._push_quiet_log()
         steps, self._quiet_steps = self._quiet_steps, []
         reporter = self.reporter
-        for iteration, free, log in steps:
+        for iteration, free, log, stands_for in steps:
             reporter.set_iteration(iteration)
-            self._replay(iteration, free, log)
+            self._replay(iteration, free, log, stands_for)
         if self._gap_ns:  # the last step's gap is open: its start goes with them, its end as it comes
             self._started(BETWEEN_STEPS_SLOT, BETWEEN, True, 0, self._gap_ns)
             self._gap_ns = 0
@@ -219,22 +233,24 @@ class WaitTracker:
         reporter.flush()
         self._quiet = reporter.hold()
 
-    def _replay(self, iteration: int, free: int, log: list[int]) -> None:
+    def _replay(self, iteration: int, free: int, log: list[int], stands_for: int = 1) -> None:
         reporter, last, minimum = self.reporter, self._last_ns, self.min_report_ns
         record = self.bubbles.append if self.record else None
         slot, seen_bwd = 0, False
+        between = kind_word(BETWEEN, stands_for)
         for direction, start, end in zip(log[0::3], log[1::3], log[2::3], strict=True):
             if direction == GAP:
-                reporter.start(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=start)
-                reporter.end(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=end)
+                reporter.start(BETWEEN_STEPS_SLOT, between, time_ns=start)
+                reporter.end(BETWEEN_STEPS_SLOT, between, time_ns=end)
                 if record is not None:
                     record(BubbleRecord(iteration, BETWEEN_STEPS_SLOT, BETWEEN, start, end, True))
                 continue
             kind, seen_bwd = _classify(direction, seen_bwd)
             report = last.get(slot, minimum) >= minimum
             if report:
-                reporter.start(slot, kind, free_memory_bytes=free, time_ns=start)
-                reporter.end(slot, kind, time_ns=end)
+                word = kind_word(kind, stands_for)
+                reporter.start(slot, word, free_memory_bytes=free, time_ns=start)
+                reporter.end(slot, word, time_ns=end)
             last[slot] = end - start
             if record is not None:
                 record(BubbleRecord(iteration, slot, kind, start, end, report))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.edge.bubble_checks import record_ok
+from freeride.agent.edge.bubble_checks import MAX_STANDS_FOR, record_ok
 from freeride.agent.edge.ring import RingChannel
 from freeride.core.ring import (
     DEFAULT_RECORDS,
@@ -47,6 +47,7 @@ from freeride.core.ring import (
     RingReader,
     RingWriter,
     init_ring,
+    kind_word,
     map_ring,
     ring_bytes,
     ring_records,
@@ -151,6 +152,18 @@ def test_records_come_out_in_order_with_every_field_intact(ring: Ring) -> None:
     assert all(record_ok(r, NOW + 5_000_000) for r in taken)  # the agent's bounds read the fields as written
     assert ring.writer.queued == 0 and ring.take() == []
     assert (ring.reader.corrupt, ring.reader.lost, ring.reader.dropped_by_writer) == (0, 0, 0)
+
+
+def test_a_step_that_stands_for_several_says_so_beside_its_kind(ring: Ring) -> None:
+    # A quiet trainer that timed one step in four: its edges carry 4 in the kind word's upper bits.
+    ring.writer.put(EDGE_START, 3, 40, NOW, 0, 0, kind_word(2, 4))
+    ring.writer.put_many([(EDGE_END, 3, 40, NOW + 1_000, 0, 0, kind_word(2, 4)),
+                          (EDGE_START, 3, 41, NOW + 2_000, 0, 0, kind_word(2, 1))])
+    taken = ring.take()
+    assert [(r.kind, r.stands_for) for r in taken] == [(2, 4), (2, 4), (2, 1)]
+    assert all(record_ok(r, NOW + 2_000) for r in taken)
+    ring.writer.put(EDGE_START, 3, 42, NOW, 0, 0, kind_word(2, MAX_STANDS_FOR + 1))
+    assert not record_ok(ring.take()[0], NOW)  # the agent refuses an absurd weight
 
 
 def test_records_keep_their_order_across_many_laps_and_a_take_limit(ring: Ring) -> None:

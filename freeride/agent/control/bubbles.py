@@ -45,7 +45,7 @@ class Bubbles:
         if predicted is None and ev.expected_duration_ns > 0:
             predicted = ev.expected_duration_ns
         bubble = self.open[ev.rank] = Bubble(ev.slot, ev.iteration, ev.time_ns, predicted, None, ev.rank,
-                                             kind=ev.kind)
+                                             kind=ev.kind, stands_for=ev.stands_for)
         return bubble
 
     def end(self, ev: Edge) -> Bubble | None:

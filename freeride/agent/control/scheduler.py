@@ -126,9 +126,9 @@ class Scheduler:
         if bubble is None:
             return  # an END whose START we never saw (reconnect): nothing to learn from
         length = ev.time_ns - bubble.start_ns
-        if length > 0:
-            self.gpu.bubbles += 1
-            self.gpu.bubble_ns += length
+        if length > 0:  # a step that stands for several (a quiet trainer times only some) counts for all of them
+            self.gpu.bubbles += bubble.stands_for
+            self.gpu.bubble_ns += length * bubble.stands_for
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
             bubble.window = None  # the bubble history must not keep windows (and their steps) alive

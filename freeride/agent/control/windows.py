@@ -56,3 +56,4 @@ class Bubble:
     rank: int = 0
     end_ns: int = 0
     kind: int = 0
+    stands_for: int = 1  # iterations it stands for in the counters (Edge.stands_for)

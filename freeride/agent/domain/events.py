@@ -28,6 +28,7 @@ class Edge(NamedTuple):
     expected_duration_ns: int = 0  # hint; 0: not given
     free_memory_bytes: int = 0  # hint; 0: not given
     kind: int = 0  # the trainer's freeride.v1.BubbleKind (fill, warm-up, drain, cool-down); 0: not said
+    stands_for: int = 1  # iterations its step stands for: >1 when a quiet trainer timed only some (ring only)
 
 
 # -- from workers ----------------------------------------------------------------------------------

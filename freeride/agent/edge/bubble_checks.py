@@ -24,6 +24,7 @@ MAX_EDGE_LEAD_NS = 1 * 10**9
 MAX_EXPECTED_BUBBLE_NS = 600 * 10**9  # a "bubble" of more than ten minutes is not a pipeline bubble
 MAX_FREE_MEMORY_BYTES = 1 << 50
 MAX_SLOT = (1 << 32) - 1  # the gRPC message's uint32
+MAX_STANDS_FOR = 1 << 20  # iterations one timed step may stand for (a trainer times one in seconds at least)
 EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
 _BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS
@@ -74,7 +75,8 @@ def edge_problem(ev: EdgeFields, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS)
 
 def record_ok(r: Record, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> bool:
     """`edge_ok` for a ring record, whose raw words also need the slot and iteration bounded."""
-    return edge_ok(r, now_ns, max_age_ns) and 0 <= r.slot <= MAX_SLOT and r.iteration >= 0
+    return (edge_ok(r, now_ns, max_age_ns) and 0 <= r.slot <= MAX_SLOT and r.iteration >= 0
+            and r.stands_for <= MAX_STANDS_FOR)
 
 
 def record_problem(r: Record, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) -> str:
@@ -82,6 +84,8 @@ def record_problem(r: Record, now_ns: int, max_age_ns: int = MAX_EDGE_AGE_NS) ->
         return f"slot {r.slot} is outside 0..{MAX_SLOT}"
     if r.iteration < 0:
         return f"iteration {r.iteration} is negative"
+    if r.stands_for > MAX_STANDS_FOR:
+        return f"stands for {r.stands_for} iterations (limit {MAX_STANDS_FOR})"
     return edge_problem(r, now_ns, max_age_ns)
 
 
@@ -103,5 +107,5 @@ def take_records(
             continue
         stream.edges += 1
         on_edge(Edge(r.edge == EDGE_START, r.kind != _BETWEEN_STEPS, rank, r.slot, r.iteration, r.time_ns,
-                     r.expected_duration_ns, r.free_memory_bytes, r.kind))
+                     r.expected_duration_ns, r.free_memory_bytes, r.kind, r.stands_for))
     return rejected

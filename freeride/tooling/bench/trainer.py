@@ -37,6 +37,7 @@ from freeride.errors import FreerideError
 from freeride.tooling.bench import paths
 from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess
+from freeride.trainer.waits import DEFAULT_QUIET_SAMPLE_MS
 
 _WARMUP = 2  # iterations left out: the first sets the pipeline up
 FRAMEWORKS = ("torch", "deepspeed")
@@ -59,9 +60,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatch-size", type=int, help="samples per micro-batch (default: 2 torch, 16 deepspeed)")
     p.add_argument("--layers-per-stage", type=int, help="mlp model (default: 2)")
     p.add_argument("--iterations", type=int, default=63)
-    p.add_argument("--quiet-sample-ms", type=float, default=0.0,
+    p.add_argument("--quiet-sample-ms", type=float, default=DEFAULT_QUIET_SAMPLE_MS,
                    help="deepspeed: while the agent is quiet, time one step this often, the others unhooked "
-                        "(0: every step; freeride.trainer.deepspeed.instrument)")
+                        f"(default {DEFAULT_QUIET_SAMPLE_MS:g}, instrument()'s; 0: every step)")
     p.add_argument("--cpus", metavar="LIST", help="pin rank r to the r-th of these CPUs (mod their count), e.g. 0,1")
     paths.add_arg(p)
 
