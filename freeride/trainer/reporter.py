@@ -336,7 +336,7 @@ class BubbleReporter:
             for i in range(head, tail):
                 edge, slot, iteration, now, expected, free, kind = ring[i & mask]
                 add(edge=edge, slot=slot, iteration=iteration, stage=self.stage, rank=self.rank, time_ns=now,
-                    expected_duration_ns=expected, free_memory_bytes=free, kind=kind)
+                    expected_duration_ns=expected, free_memory_bytes=free, kind=kind & 0xFF)  # (no weight here)
             self._head = tail
             self._sent += tail - head
             yield batch

@@ -78,7 +78,9 @@ def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths
 
 def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    r = bench("trainer", "--framework", "deepspeed", "--iterations", "12", "--cpus", ",".join(map(str, cpus)))
+    # Every step timed (the default times one in 500 ms while the agent is quiet: none of 12 short steps after warm-up)
+    r = bench("trainer", "--framework", "deepspeed", "--iterations", "12", "--cpus", ",".join(map(str, cpus)),
+              "--quiet-sample-ms", "0")
     assert (r["framework"], r["model"], r["p"], r["m"], r["path"]) == ("deepspeed", "mlp", 2, 8, "shm")
     for key in ("overhead_ratio", "null_ratio", "balanced_ratio", "cpu_overhead_ratio", "cpu_null_ratio",
                 "cpu_balanced_ratio"):
