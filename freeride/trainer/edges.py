@@ -88,6 +88,10 @@ def clock_for(device: Any, edge_sync: str | None = None, sync_cuda: bool | None 
     """The clock of a stage on `device` (see resolve_mode)."""
     mode = resolve_mode(device, edge_sync, sync_cuda)
     if mode == "off":
+        if getattr(device, "type", "cpu") == "cuda":
+            log.warning("edge_sync 'off' on %s: bubble edges are taken at the CPU's times, while the GPU is still "
+                        "busy; side tasks then harvest next to nothing or slow training (H200: +18-24%%). "
+                        "Leave edge_sync unset for 'event'", device)
         return InlineClock()
     import torch
 

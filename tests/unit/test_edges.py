@@ -181,3 +181,12 @@ def test_the_mode_comes_from_the_argument_then_the_environment_then_the_default(
     with caplog.at_level(logging.WARNING, logger="freeride.trainer.edges"):
         assert resolve_mode(cuda) == "event"  # an environment variable never stops training
     assert "FREERIDE_EDGE_SYNC='fast' is not one of stream, event, off; using event" in caplog.text
+
+
+def test_off_on_a_cuda_device_warns_that_it_harvests_nothing_or_slows_training(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="freeride.trainer.edges"):
+        assert edges.clock_for(_Device("cpu"), "off").mode == "off"  # a CPU wait is exact: nothing to say
+        assert not caplog.records
+        assert edges.clock_for(_Device("cuda"), "off").mode == "off"
+    assert "edge_sync 'off' on" in caplog.text and "Leave edge_sync unset for 'event'" in caplog.text
