@@ -23,7 +23,7 @@ class ConnectedComponents(IterativeTask):
     """Labels every vertex with the smallest id in its component; progress: sweeps, changed labels, components."""
 
     # Measured peak resident set with the defaults (2^16 vertices, 955k edges): ~300 MiB; scale 18 ~680 MiB.
-    # On a GPU the cap counts the CUDA context too: 729-760 MiB in use at the defaults (H200, CUDA 13.0).
+    # On a GPU the cap counts the CUDA context too (~600 MiB on an H200, CUDA 13.0): 1 GiB leaves room.
     mem_limit_bytes = 1024 * 2**20
 
     def __init__(self, scale: int = 16, edge_factor: int = 16, block_edges: int = 1 << 16, seed: int = 0,

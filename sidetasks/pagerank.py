@@ -28,7 +28,7 @@ class PageRank(IterativeTask):
 
     # Measured peak resident set with the defaults (2^16 vertices, 955k edges): ~300 MiB; scale 18 ~470 MiB,
     # scale 20 (16M edges) ~1.2 GiB: pass `freeride submit --mem` for graphs above scale 18.
-    # On a GPU the cap counts the CUDA context too: 729-760 MiB in use at the defaults (H200, CUDA 13.0).
+    # On a GPU the cap counts the CUDA context too (~600 MiB on an H200, CUDA 13.0): 1 GiB leaves room.
     mem_limit_bytes = 1024 * 2**20
 
     def __init__(self, scale: int = 16, edge_factor: int = 16, alpha: float = 0.85, tol: float = 1e-10,
