@@ -95,18 +95,23 @@ class GpuControl:
     def mps_state(self) -> MpsState:
         return self.mps.state() if self.mps is not None else MpsState("off")
 
+    @property
+    def on_nvml(self) -> bool:
+        """Whether the agent runs on a real GPU (not in CPU mode, not on the fake GPU): caps bound its memory."""
+        return self.device is not None and self.device.kind == "nvml"
+
     def client_env(self, base: Mapping[str, str], mem_limit_bytes: int, no_mps: bool) -> dict[str, str] | None:
         """A worker's environment on this GPU; None in CPU mode (the worker inherits the agent's)."""
         if self.device is None:
             return None
         mps = self.mps if self.mps is not None and self.mps.active else None
         env = worker_env(
-            base, gpu_uuid=self.device.info.uuid if self.device.kind == "nvml" else "",
+            base, gpu_uuid=self.device.info.uuid if self.on_nvml else "",
             pipe_dir=mps.control.pipe_dir if mps else None, log_dir=mps.control.log_dir if mps else None,
             no_mps_pipe_dir=self._no_mps_pipe, mem_limit_bytes=mem_limit_bytes,
             thread_percentage=self._threads, use_mps=mps is not None and not no_mps,
         )
-        if self.device.kind == "nvml":
+        if self.on_nvml:
             env["FREERIDE_DEVICE"] = "cuda:0"  # its one visible GPU
         return env
 

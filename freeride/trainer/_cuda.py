@@ -6,9 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 
+def on_cuda(device: Any) -> bool:
+    """Whether a stage's device is a CUDA one (a torch.device, or None: CPU)."""
+    return getattr(device, "type", "cpu") == "cuda"
+
+
 def free_memory(device: Any) -> Callable[[], int] | None:
     """Bytes the trainer leaves free on its GPU: total minus the peak its allocator reserved."""
-    if getattr(device, "type", "cpu") != "cuda":
+    if not on_cuda(device):
         return None
     import torch
 

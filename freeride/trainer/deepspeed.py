@@ -24,7 +24,7 @@ from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory
+from freeride.trainer._cuda import free_memory, on_cuda
 from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter, Pipeline
 from freeride.trainer.waits import (
@@ -87,7 +87,7 @@ def sends_block(device: Any) -> bool:
     """Whether a stage's sends wait for the neighbour: on a CPU stage (gloo) a send blocks until the neighbour takes
     the data, idle time like a receive's, so it is timed. On CUDA an NCCL send is queued on the stream and returns
     at once: a hook there would time nothing and, with `stream` edges, synchronise the stream twice a send."""
-    return getattr(device, "type", "cpu") != "cuda"
+    return not on_cuda(device)
 
 
 class DeepSpeedInstrumentation(Instrumented):

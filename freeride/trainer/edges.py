@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from freeride.trainer._cuda import on_cuda
+
 log = logging.getLogger(__name__)
 
 EDGE_MODES = ("stream", "event", "off")
@@ -71,7 +73,7 @@ def resolve_mode(device: Any, edge_sync: str | None = None, sync_cuda: bool | No
     """
     if edge_sync is not None and edge_sync not in EDGE_MODES:
         raise ValueError(f"edge_sync must be one of {', '.join(EDGE_MODES)}, not {edge_sync!r}")
-    if getattr(device, "type", "cpu") != "cuda":
+    if not on_cuda(device):
         return "off"
     if edge_sync is not None:
         return edge_sync
@@ -88,7 +90,7 @@ def clock_for(device: Any, edge_sync: str | None = None, sync_cuda: bool | None 
     """The clock of a stage on `device` (see resolve_mode)."""
     mode = resolve_mode(device, edge_sync, sync_cuda)
     if mode == "off":
-        if getattr(device, "type", "cpu") == "cuda":
+        if on_cuda(device):
             log.warning("edge_sync 'off' on %s: bubble edges are taken at the CPU's times, while the GPU is still "
                         "busy; side tasks then harvest next to nothing or slow training (H200: +18-24%%). "
                         "Leave edge_sync unset for 'event'", device)

@@ -233,7 +233,7 @@ class WaitTracker:
         reporter.flush()
         self._quiet = reporter.hold()
 
-    def _replay(self, iteration: int, free: int, log: list[int], stands_for: int = 1) -> None:
+    def _replay(self, iteration: int, free: int, log: list[int], stands_for: int) -> None:
         reporter, last, minimum = self.reporter, self._last_ns, self.min_report_ns
         record = self.bubbles.append if self.record else None
         slot, seen_bwd = 0, False

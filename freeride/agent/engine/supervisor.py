@@ -71,9 +71,8 @@ class Supervisor:
         self.checkpoint_dir = config.state_dir / "checkpoints"
         self.stopping = False
         self._deadlines = CheckpointDeadlines(config.checkpoint_timeout_s, table, self._call_later)
-        on_device = memory.gpu.device is not None and memory.gpu.device.kind == "nvml"  # caps bound GPU memory
         self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
-                                     lambda: self.stopping, worker_peak=not on_device)
+                                     lambda: self.stopping, worker_peak=not memory.gpu.on_nvml)
         self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
                                        self._call_later, offload or ThreadOffload("freeride-sample"))
 
