@@ -97,6 +97,7 @@ class DigitsResNet(IterativeTask):
     # -- lifecycle -------------------------------------------------------------------------------
     def setup(self) -> None:
         self.device = torch.device(self._resolve_device())
+        self.budget.track(self.device)  # on a GPU: one unit's kernels in flight at most
         x, y, xt, yt = load_split(self.seed)
         self.x, self.y = x.to(self.device), y.to(self.device)
         self.x_test, self.y_test = xt.to(self.device), yt.to(self.device)
@@ -131,7 +132,7 @@ class DigitsResNet(IterativeTask):
         return self.device_arg
 
     def step(self) -> None:
-        self.budget.start(self.context.remaining_s())
+        self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
         while True:
             self._update()
             # Evaluate inside the bubble (not when progress is read), every few updates so that progress

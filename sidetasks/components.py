@@ -36,6 +36,7 @@ class ConnectedComponents(IterativeTask):
 
     def setup(self) -> None:
         self.device = torch.device(self.context.device if self.device_arg == "auto" else self.device_arg)
+        self.budget.track(self.device)  # on a GPU: one unit's kernels in flight at most
         src, dst = rmat_edges(self.scale, self.edge_factor, self.seed)
         self.n, self.m = 1 << self.scale, len(src)
         self.src = torch.from_numpy(src).to(self.device)
@@ -71,7 +72,7 @@ class ConnectedComponents(IterativeTask):
                 self._begin_sweep()
 
     def step(self) -> None:
-        self.budget.start(self.context.remaining_s())
+        self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
         while True:
             self._propagate_block()
             if self.converged or not self.budget.another():

@@ -117,6 +117,7 @@ class Evaluate(IterativeTask):
         if device.type == "cpu" and self.threads > 0:
             torch.set_num_threads(self.threads)
         self.device = device
+        self.budget.track(device)  # on a GPU: one unit's kernels in flight at most
         self.model = load_model(self.model_arg, "", device)
         self.kind, x, y = load_data(self.data_arg, self.seq_len, self.image_size)
         self.x, self.y = x.to(device), (y.to(device) if y is not None else None)
@@ -169,7 +170,7 @@ class Evaluate(IterativeTask):
                     return  # nothing new: listed again at the next step
                 self.current = {"name": found[0].name, "mtime_ns": found[1], "pos": 0, "loss": 0.0, "n": 0,
                                 "correct": 0}
-            self.budget.start(self.context.remaining_s())
+            self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
             with torch.no_grad():
                 while True:
                     self._unit()

@@ -129,6 +129,7 @@ class Generate(IterativeTask):
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
         self.device = _resolve_device(self.device_arg, self.context.device, self.threads)
+        self.budget.track(self.device)  # on a GPU: one unit's kernels in flight at most
         self.model = load_model(self.model_arg, self.weights, self.device)
         self.encode, self.decode = encoder(self.model)
         prompts = [Prompt(i, prompt_tokens(i, a, self.encode)) for i, a in read_prompts(self.prompts_arg)]
@@ -186,7 +187,7 @@ class Generate(IterativeTask):
         return int(psutil.Process().memory_info().rss)
 
     def step(self) -> None:
-        self.budget.start(self.context.remaining_s())
+        self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
         start = last = time.perf_counter()
         while True:
             for c in self.decoder.unit():

@@ -168,7 +168,7 @@ class Thumbnails(IterativeTask):
         self._publish(manifest, json.dumps(params, sort_keys=True).encode())
 
     def step(self) -> None:
-        self.budget.start(self.context.remaining_s())
+        self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
         while True:
             self._make(self.done)
             self.done += 1

@@ -42,6 +42,7 @@ class PageRank(IterativeTask):
 
     def setup(self) -> None:
         self.device = torch.device(self.context.device if self.device_arg == "auto" else self.device_arg)
+        self.budget.track(self.device)  # on a GPU: one unit's kernels in flight at most
         src, dst = rmat_edges(self.scale, self.edge_factor, self.seed)
         self.n = 1 << self.scale
         self.m = len(src)
@@ -72,7 +73,7 @@ class PageRank(IterativeTask):
                 self._begin_iteration()
 
     def step(self) -> None:
-        self.budget.start(self.context.remaining_s())
+        self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
         while True:
             self._compute_block()
             if self.is_done() or not self.budget.another():

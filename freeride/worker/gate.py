@@ -117,8 +117,14 @@ class StepGate:
         return int(declared * 1e9) if declared is not None and declared > 0 else None
 
     def remaining_s(self) -> float:
+        """Seconds left in the window held; 0 outside one, and once the agent has revoked it (the word is re-read:
+        a step that sizes itself unit by unit stops at the bubble's END, not at the predicted end)."""
         if not self._wid:
             return 0.0
+        if self.window is not None:
+            word = self.window.read()
+            if word.window_id != self._wid or not word.open:
+                return 0.0
         return max(0.0, (self._until_ns - time.monotonic_ns()) / 1e9)
 
     def acquire(self) -> None:
