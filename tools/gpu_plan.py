@@ -33,26 +33,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 # name, bench overhead arguments, whether it needs a GPU to mean anything beyond the plumbing.
-# A: the headline (MPS, wall-clock neighbour, event edges, the matmul task); B: the first run's cycle-counted
-# neighbour against it; F: no MPS; C: a 50 % SM cap; tasks: FreeRide's table; D: short chunks; E, G: a
-# resident (NCCL-like) neighbour, with and without MPS.
+# A: the product's defaults (MPS, side tasks capped at 50 % of the SMs, event edges) with a wall-clock neighbour and
+# the matmul task; A0: uncapped (the first plan's A); B: the first run's cycle-counted neighbour; F: no MPS;
+# tasks: FreeRide's table; D: short chunks; E, G: a resident (NCCL-like) neighbour, with and without MPS.
 MATMUL = ["--mps", "start", "--edge-sync", "event"]
+WALL = [*MATMUL, "--neighbour", "wall"]
 PLAN: list[tuple[str, list[str], bool]] = [
-    ("A-mps-wall-matmul", [*MATMUL, "--neighbour", "wall"], False),
+    ("A-mps-wall-matmul", WALL, False),
+    ("A0-mps-wall-matmul-uncapped", [*WALL, "--mps-thread-percentage", "0"], True),
     ("B-mps-gpu-matmul", [*MATMUL, "--neighbour", "gpu"], True),
     ("F-nomps-wall-matmul", ["--mps", "off", "--edge-sync", "event", "--neighbour", "wall"], True),
-    ("C-mps-wall-matmul-t50", [*MATMUL, "--neighbour", "wall", "--mps-thread-percentage", "50"], True),
-    ("T1-mps-wall-resnet", [*MATMUL, "--neighbour", "wall", "--task", "sidetasks.cnn:DigitsResNet",
-                            "--side-arg", "epochs=1000"], False),
-    ("T2-mps-wall-pagerank", [*MATMUL, "--neighbour", "wall", "--task", "sidetasks.pagerank:PageRank",
-                              "--side-arg", "scale=18", "--side-arg", "tol=1e-30",
-                              "--side-arg", "max_iter=100000"], False),
-    ("T3-mps-wall-thumbnails", [*MATMUL, "--neighbour", "wall", "--task", "sidetasks.images:Thumbnails",
-                                "--side-arg", "images=100000", "--side-arg", "out_dir={work}/thumbnails"], False),
-    ("T4-mps-wall-generate", [*MATMUL, "--neighbour", "wall", "--task", "sidetasks.generate:Generate",
+    ("T1-mps-wall-resnet", [*WALL, "--task", "sidetasks.cnn:DigitsResNet", "--side-arg", "epochs=1000"], False),
+    ("T2-mps-wall-pagerank", [*WALL, "--task", "sidetasks.pagerank:PageRank", "--side-arg", "scale=18",
+                              "--side-arg", "tol=1e-30", "--side-arg", "max_iter=100000"], False),
+    ("T3-mps-wall-thumbnails", [*WALL, "--task", "sidetasks.images:Thumbnails", "--side-arg", "images=100000",
+                                "--side-arg", "out_dir={work}/thumbnails"], False),
+    ("T4-mps-wall-generate", [*WALL, "--task", "sidetasks.generate:Generate",
                               "--side-arg", "prompts={work}/prompts.jsonl", "--side-arg", "out={work}/generate.jsonl",
                               "--side-arg", "max_new_tokens=64"], False),
-    ("D-mps-wall-matmul-chunk05", [*MATMUL, "--neighbour", "wall", "--side-step-ms", "0.5"], True),
+    ("D-mps-wall-matmul-chunk05", [*WALL, "--side-step-ms", "0.5"], True),
     ("E-mps-spin16-matmul", [*MATMUL, "--neighbour", "spin", "--spin-ctas", "16"], True),
     ("G-nomps-spin16-matmul", ["--mps", "off", "--edge-sync", "event", "--neighbour", "spin",
                                "--spin-ctas", "16"], True),
@@ -71,7 +70,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--budget-s", type=float, default=470.0, help="stop starting configurations after this")
+    ap.add_argument("--budget-s", type=float, default=470.0, help="start no configuration after this")
+    ap.add_argument("--min-left-s", type=float, default=30.0,
+                    help="start none with less than this left of the budget (a configuration takes 40-70 s on an H200)")
+    ap.add_argument("--config-timeout-s", type=float, default=180.0, help="one configuration's own limit")
     ap.add_argument("--iterations", type=int, default=0, help="per configuration (default: the bench's, 80 on cuda)")
     ap.add_argument("--only", default="", help="comma list of configuration name prefixes (e.g. A,T2)")
     ap.add_argument("--no-probe", action="store_true")
@@ -106,7 +108,7 @@ def main() -> int:
         left = ns.budget_s - (time.monotonic() - t0)
         if ns.device == "cpu" and gpu_only:
             row = {"skipped": "needs CUDA: on a CPU it would repeat another configuration's smoke test"}
-        elif left < 30:
+        elif left < ns.min_left_s:
             row = {"skipped": f"the budget ran out ({ns.budget_s:.0f} s)"}
         else:
             cmd = [sys.executable, "-m", "freeride", "bench", "overhead", "--json", "--device", ns.device,
@@ -120,7 +122,9 @@ def main() -> int:
             say(f"{name}: {' '.join(cmd[3:])}")
             started = time.monotonic()
             path = raw / f"{name}.json"
-            code = _run(cmd, timeout=max(30.0, left), log=log, stdout=path)
+            # The budget decides whether a configuration starts; once started it has its own limit (a budget
+            # nearly spent must not kill one that would finish: the third call of 2026-11-28 lost F that way).
+            code = _run(cmd, timeout=ns.config_timeout_s, log=log, stdout=path)
             row = _row(path, code, time.monotonic() - started)
             ran += 1
             say(f"{name}: {row.get('verdict') or row.get('error')} ({row['elapsed_s']} s)")

@@ -129,8 +129,12 @@ class AgentConfig:
         None, "gpu", "MPS pipe directory (default: per GPU beside the socket)", metavar="PATH", doctor=True)
     mps_log_dir: Path | None = setting(  # default: start -> next to the pipe dir; use -> $CUDA_MPS_LOG_DIRECTORY
         None, "gpu", "MPS log directory (default: beside the pipe directory)", metavar="PATH", doctor=True)
-    mps_thread_percentage: int = setting(  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers; 0: not set
-        0, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks (default: not set)", metavar="PCT", doctor=True)
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for workers under MPS; 0: not set (every SM). 50 by default: on an H200 (run of
+    # 2026-11-28, docs/benchmarks.md) it took the trainer's slowdown from +0.27 % [0.16, 0.40] to -0.07 % [-0.21,
+    # 0.21] for 6 points of useful harvest (81 % -> 75 %).
+    mps_thread_percentage: int = setting(
+        50, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks under MPS (default {default}; 0: not set, every "
+                   "SM)", metavar="PCT", doctor=True)
     # -- state and logs ---------------------------------------------------------------------------
     state_dir: Path = setting(  # relative: to the agent's working directory (the units pass one)
         Path("freeride-state"), "state", "registry, ledger, checkpoints, logs (default ./{default}: relative to the "

@@ -27,8 +27,10 @@ def test_the_plan_rehearses_on_a_cpu_and_returns_what_finished(tmp_path: Path) -
     assert sorted(p.name for p in out.iterdir()) == ["plan.log", "plan.tar.gz", "probe.json", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     configs = summary["configs"]
-    assert list(configs) == ["A-mps-wall-matmul", "B-mps-gpu-matmul", "T2-mps-wall-pagerank"]
-    assert configs["B-mps-gpu-matmul"]["skipped"].startswith("needs CUDA")
+    assert list(configs) == ["A-mps-wall-matmul", "A0-mps-wall-matmul-uncapped", "B-mps-gpu-matmul",
+                             "T2-mps-wall-pagerank"]
+    for gpu_only in ("A0-mps-wall-matmul-uncapped", "B-mps-gpu-matmul"):
+        assert configs[gpu_only]["skipped"].startswith("needs CUDA")
     for name in ("A-mps-wall-matmul", "T2-mps-wall-pagerank"):
         row = configs[name]
         assert row["exit"] == 0, (name, row)
@@ -49,3 +51,16 @@ def test_the_plan_rehearses_on_a_cpu_and_returns_what_finished(tmp_path: Path) -
     assert run["windows_rows"], "the agent's windows, one row each"
     probe = json.loads((out / "probe.json").read_text())
     assert "capabilities" in probe
+
+
+def test_a_configuration_started_near_the_end_of_the_budget_is_not_cut_short(tmp_path: Path) -> None:
+    # The budget decides whether a configuration starts, not how long it may run: on 2026-11-28 a third device
+    # call gave its one configuration what was left of a 60 s budget, and killed it at 60 s of its 65.
+    out = tmp_path / "out"
+    env = {**os.environ, "FREERIDE_PLAN_WORK": str(tmp_path / "work")}
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_plan.py"), "--device", "cpu", "--out", str(out),
+                          "--iterations", "4", "--only", "A-", "--no-probe", "--budget-s", "1", "--min-left-s", "0"],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    row = json.loads((out / "summary.json").read_text())["configs"]["A-mps-wall-matmul"]
+    assert row["exit"] == 0 and row["elapsed_s"] > 1, row

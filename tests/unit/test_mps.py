@@ -109,3 +109,18 @@ def test_a_no_mps_worker_gets_no_client_settings_and_a_pipe_dir_with_no_daemon()
                      no_mps_pipe_dir=Path("/run/fr/no-mps"), mem_limit_bytes=2**30, thread_percentage=30,
                      use_mps=False)
     assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "GPU-1234", "CUDA_MPS_PIPE_DIRECTORY": "/run/fr/no-mps"}
+
+
+def test_side_tasks_get_half_the_sms_under_mps_by_default() -> None:
+    # The default the second H200 run chose (docs/benchmarks.md, "Second GPU run"): 50 %, which took the trainer's
+    # slowdown from +0.27 % to -0.07 %; 0 still means "not set" (every SM).
+    from freeride.agent.config import AgentConfig
+
+    default = AgentConfig().mps_thread_percentage
+    assert default == 50
+    env = worker_env({}, gpu_uuid="GPU-x", pipe_dir=Path("/run/fr/pipe"), log_dir=None,
+                     no_mps_pipe_dir=Path("/run/fr/no-mps"), mem_limit_bytes=0, thread_percentage=default, use_mps=True)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    unset = worker_env({}, gpu_uuid="GPU-x", pipe_dir=Path("/run/fr/pipe"), log_dir=None,
+                       no_mps_pipe_dir=Path("/run/fr/no-mps"), mem_limit_bytes=0, thread_percentage=0, use_mps=True)
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in unset

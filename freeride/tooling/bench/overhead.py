@@ -78,8 +78,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mps", choices=["off", "start", "both"], default="both",
                    help="run without MPS, with an MPS daemon the agent starts, or both (cuda only)")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control program")
-    p.add_argument("--mps-thread-percentage", type=int, default=0, metavar="N",
-                   help="the agent's --mps-thread-percentage: side tasks use at most N%% of the SMs (0: no cap)")
+    p.add_argument("--mps-thread-percentage", type=int, default=None, metavar="N",
+                   help="the agent's --mps-thread-percentage: side tasks use at most N%% of the SMs under MPS "
+                        "(default: the agent's, 50; 0: no cap)")
     p.add_argument("--margin-ms", type=float, default=None, metavar="MS",
                    help="the agent's --margin-ms: cut from each window's end (default: the agent's)")
     p.add_argument("--edge-sync", choices=[*EDGE_MODES, "all"], default=DEFAULT_EDGE_MODE,
@@ -174,7 +175,7 @@ def _run_config(ns: argparse.Namespace, mode: str, edge: str, neighbour: str, sh
             pipe = root / "mps" / "pipe"
             extra += ["--mps", "start", "--mps-control", ns.mps_control, "--mps-pipe-dir", str(pipe),
                       "--mps-log-dir", str(root / "mps" / "log")]
-            if ns.mps_thread_percentage:
+            if ns.mps_thread_percentage is not None:
                 extra += ["--mps-thread-percentage", str(ns.mps_thread_percentage)]
             env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)  # the trainer joins the daemon at normal priority
             env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "mps" / "log")
