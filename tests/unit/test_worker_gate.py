@@ -306,3 +306,15 @@ def test_a_closed_pipe_is_caught_even_when_a_file_the_task_opened_took_its_numbe
             h.gate.check_pipes()
     finally:
         os.close(other)
+
+
+def test_what_is_left_of_a_window_reads_the_word_again_so_a_revoke_ends_it_mid_step(tmp_path: Path) -> None:
+    # A step that sizes itself unit by unit (StepBudget with window=context.remaining_s) asks between units: once
+    # the agent has revoked the window (the bubble's END came early), nothing is left, whatever was predicted.
+    h = Harness(tmp_path)
+    far = time.monotonic_ns() + 10**9
+    h.writer.grant(1, far)
+    h.gate.acquire()
+    assert h.gate.remaining_s() > 0.5
+    h.writer.revoke(1, far)
+    assert h.gate.remaining_s() == 0
