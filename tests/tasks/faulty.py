@@ -31,13 +31,14 @@ class Segfaults(IterativeTask):
 
 
 class SegfaultPool(PoolTask):
-    """Writes `out_dir/ID` (holding the id) for each item, except `poison`, on which the worker kills itself with
-    SIGSEGV. Every call of process() first appends the id to `out_dir/journal` (O_APPEND: one line per call)."""
+    """Writes `out_dir/ID` (holding the id) for each item, except those in `poison` (ids, comma-separated), on
+    which the worker kills itself with SIGSEGV. Every call of process() first appends the id to `out_dir/journal`
+    (O_APPEND: one line per call)."""
 
     def __init__(self, pool: str, out_dir: str, poison: str) -> None:
         super().__init__(pool)
         self.out_dir = Path(out_dir)
-        self.poison = poison
+        self.poison = set(poison.split(","))
 
     def setup(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,7 @@ class SegfaultPool(PoolTask):
             os.write(fd, f"{item.id}\n".encode())
         finally:
             os.close(fd)
-        if item.id == self.poison:
+        if item.id in self.poison:
             os.kill(os.getpid(), signal.SIGSEGV)
         tmp = self.out_dir / f".{item.id}.tmp"
         tmp.write_text(item.id)

@@ -27,6 +27,7 @@ from freeride.agent.engine.admission import admit, worker_slot
 from freeride.agent.engine.deadlines import CheckpointDeadlines
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload, ThreadOffload
+from freeride.agent.engine.poison import ItemCrashes, item_in_hand
 from freeride.agent.engine.streams import WAITING, WorkerStreams
 from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
 from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
@@ -66,6 +67,7 @@ class Supervisor:
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart (or start after a full disk)
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
+        self._item_crashes = ItemCrashes()  # crashes inside pool items: charged to the items (poison.py)
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
         self.checkpoint_dir = config.state_dir / "checkpoints"
@@ -237,7 +239,25 @@ class Supervisor:
             reason = tail
         elif tail and tail not in reason:
             reason = f"{reason}: {tail}"
-        self._crashed(rec, reason, worker.retryable and not said, worker.log_path)
+        retryable = worker.retryable and not said
+        if retryable and not worker.kill_reason and self._item_crash(rec, reason):
+            return
+        self._crashed(rec, reason, retryable, worker.log_path)
+
+    def _item_crash(self, rec: TaskRecord, reason: str) -> bool:
+        """A worker that died inside a pool item's process(): restarted without spending the task's restarts
+        (the restarted worker counts the item a try; poison.py says why). False: an ordinary crash."""
+        entry = item_in_hand(self.checkpoint_dir / f"task-{rec.id}.ckpt.item")
+        crashes = self._item_crashes.charge(rec.id, entry) if entry else 0
+        if not crashes:
+            return False
+        delay = self._cfg.restart_backoff_s
+        self._table.set_state(rec, TaskState.STARTING,
+                              f"restart in {delay:.1f}s after: {reason} (inside pool item {entry}, crash {crashes} of "
+                              f"that item: charged to the item, not to the task's restarts)")
+        self._cancel_restart(rec.id)
+        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+        return True
 
     def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None) -> None:
         """Restart with exponential backoff, or FAILED once the task has had all its restarts."""
