@@ -68,8 +68,9 @@ def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: A
 
 
 def test_a_quiet_agents_stage_can_time_one_step_in_a_while_and_trains_the_same(tmp_path: Path) -> None:
-    """quiet_sample_ms (opt-in): agents with nothing to grant, so each CPU stage times its first step and, the
-    sample period being an hour, runs every later one on the engine's own instructions; training is unchanged."""
+    """quiet_sample_ms (500 ms by default; an hour here): agents with nothing to grant, so each CPU stage times its
+    first step and, the sample period being an hour, runs every later one on the engine's own instructions;
+    training is unchanged."""
     base = config(stages=2, iterations=5)
     plain = launch(base, tmp_path / "plain")
     with tempfile.TemporaryDirectory(prefix="fr-ds-") as tmp, contextlib.ExitStack() as stack:
