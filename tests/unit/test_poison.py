@@ -16,11 +16,15 @@ def test_the_marker_names_the_item_in_hand_and_a_cleared_or_missing_one_names_no
     assert item_in_hand(marker) == ""
 
 
-def test_an_item_is_charged_its_crashes_until_the_bound_then_the_task_pays() -> None:
-    crashes = ItemCrashes()
-    assert [crashes.charge("1", "e-1") for _ in range(3)] == [1, 2, 3]
-    assert crashes.charge("1", "e-2") == 1  # another item: its own count
-    assert crashes.charge("2", "e-1") == 1  # another task: its own count
-    for _ in range(MAX_CRASHES_PER_ITEM - 3):
-        crashes.charge("1", "e-1")
-    assert crashes.charge("1", "e-1") == 0  # past the bound: an ordinary crash, which spends a restart
+def test_an_item_is_charged_its_crashes_until_the_bound_then_the_task_pays(tmp_path: Path) -> None:
+    crashes = ItemCrashes(tmp_path)
+    one, two = tmp_path / "task-1.ckpt.item", tmp_path / "task-2.ckpt.item"
+    assert crashes.charge("1") == ""  # no item in hand: an ordinary crash
+    one.write_bytes(b"e-1".ljust(48))
+    two.write_bytes(b"e-1".ljust(48))
+    assert [f"its crash {n}:" in crashes.charge("1") for n in (1, 2, 3)] == [True, True, True]
+    assert crashes.charge("1").startswith("inside pool item e-1, its crash 4: charged to the item")
+    assert "its crash 1:" in crashes.charge("2")  # another task: its own count
+    for _ in range(MAX_CRASHES_PER_ITEM - 4):
+        crashes.charge("1")
+    assert crashes.charge("1") == ""  # past the bound: an ordinary crash, which spends a restart

@@ -37,7 +37,7 @@ def test_a_window_closing_while_its_task_checkpoints_arms_no_hang_timer_until_th
     port = h.add("a")
     t = h.learn()
     h.start(t, iteration=2)
-    (grant,) = port.grants()
+    assert len(port.grants()) == 1
     h.sched.checkpointing("a", True)
     h.end(t + LENGTH, iteration=2)
     assert port.revokes() and h.pending_timers() == []

@@ -31,14 +31,18 @@ def item_in_hand(marker: Path) -> str:
 class ItemCrashes:
     """Per task, the crashes charged to each pool item."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint_dir: Path) -> None:
+        self._dir = checkpoint_dir  # where each task's marker is: task-N.ckpt.item
         self._crashes: dict[str, Counter[str]] = {}
 
-    def charge(self, task_id: str, entry: str) -> int:
-        """Charge a crash to `entry`; its crash count, or 0 when the item has had its share (the task pays)."""
+    def charge(self, task_id: str) -> str:
+        """If the task's worker died inside a pool item (its marker names one), charge the item the crash and
+        say so; "" for an ordinary crash (no item in hand, or the item has had its share: the task pays)."""
+        entry = item_in_hand(self._dir / f"task-{task_id}.ckpt.item")
+        if not entry:
+            return ""
         counts = self._crashes.setdefault(task_id, Counter())
         counts[entry] += 1
-        return counts[entry] if counts[entry] <= MAX_CRASHES_PER_ITEM else 0
-
-    def forget(self, task_id: str) -> None:
-        self._crashes.pop(task_id, None)
+        if counts[entry] > MAX_CRASHES_PER_ITEM:
+            return ""
+        return f"inside pool item {entry}, its crash {counts[entry]}: charged to the item, not to the task's restarts"

@@ -27,7 +27,7 @@ from freeride.agent.engine.admission import admit, worker_slot
 from freeride.agent.engine.deadlines import CheckpointDeadlines
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload, ThreadOffload
-from freeride.agent.engine.poison import ItemCrashes, item_in_hand
+from freeride.agent.engine.poison import ItemCrashes
 from freeride.agent.engine.streams import WAITING, WorkerStreams
 from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
 from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
@@ -67,7 +67,7 @@ class Supervisor:
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart (or start after a full disk)
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
-        self._item_crashes = ItemCrashes()  # crashes inside pool items: charged to the items (poison.py)
+        self._item_crashes = ItemCrashes(config.state_dir / "checkpoints")  # crashes inside pool items (poison.py)
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
         self.checkpoint_dir = config.state_dir / "checkpoints"
@@ -240,39 +240,28 @@ class Supervisor:
         elif tail and tail not in reason:
             reason = f"{reason}: {tail}"
         retryable = worker.retryable and not said
-        if retryable and not worker.kill_reason and self._item_crash(rec, reason):
-            return
-        self._crashed(rec, reason, retryable, worker.log_path)
+        item = self._item_crashes.charge(rec.id) if retryable and not worker.kill_reason else ""
+        self._crashed(rec, reason, retryable, worker.log_path, item)
 
-    def _item_crash(self, rec: TaskRecord, reason: str) -> bool:
-        """A worker that died inside a pool item's process(): restarted without spending the task's restarts
-        (the restarted worker counts the item a try; poison.py says why). False: an ordinary crash."""
-        entry = item_in_hand(self.checkpoint_dir / f"task-{rec.id}.ckpt.item")
-        crashes = self._item_crashes.charge(rec.id, entry) if entry else 0
-        if not crashes:
-            return False
-        delay = self._cfg.restart_backoff_s
-        self._table.set_state(rec, TaskState.STARTING,
-                              f"restart in {delay:.1f}s after: {reason} (inside pool item {entry}, crash {crashes} of "
-                              f"that item: charged to the item, not to the task's restarts)")
-        self._cancel_restart(rec.id)
-        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
-        return True
-
-    def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None) -> None:
-        """Restart with exponential backoff, or FAILED once the task has had all its restarts."""
+    def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None, item: str = "") -> None:
+        """Restart with exponential backoff, or FAILED once the task has had all its restarts; a crash inside a
+        pool item (`item` says so, poison.py) is the item's: restarted without spending a restart."""
         limit = rec.spec.max_restarts if rec.spec.max_restarts >= 0 else self._cfg.max_restarts
         if not retryable:
             self._table.set_state(rec, TaskState.FAILED, reason)
             return
-        if rec.restarts >= limit:
+        if item:
+            delay, said = self._cfg.restart_backoff_s, f"restart in {self._cfg.restart_backoff_s:.1f}s"
+            reason = f"{reason} ({item})"
+        elif rec.restarts >= limit:
             where = f"; log: {log_path}" if log_path is not None else ""
             self._table.set_state(rec, TaskState.FAILED, f"{reason} (gave up after {rec.restarts} restarts{where})")
             return
-        rec.restarts += 1
-        delay = self._cfg.restart_backoff_s * 2 ** (rec.restarts - 1)
-        self._table.set_state(rec, TaskState.STARTING,
-                              f"restart {rec.restarts}/{limit} in {delay:.1f}s after: {reason}")
+        else:
+            rec.restarts += 1
+            delay = self._cfg.restart_backoff_s * 2 ** (rec.restarts - 1)
+            said = f"restart {rec.restarts}/{limit} in {delay:.1f}s"
+        self._table.set_state(rec, TaskState.STARTING, f"{said} after: {reason}")
         self._cancel_restart(rec.id)
         self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
 
