@@ -453,3 +453,14 @@ def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_th
             assert c.stats().gpu.bubbles == 5
     finally:
         tracker.close()
+
+
+def test_a_task_waiting_for_admission_alone_makes_the_agent_listen(tmp_path: Path) -> None:
+    # The trainer's free-memory hint rides on START edges: a quiet agent would read them late, and a task that only
+    # waits for memory (no other task runnable) would wait for good.
+    with served_agent(tmp_path, headroom_bytes=0) as served, freeride.Client(served.target, timeout_s=10) as c:
+        served.on_loop(lambda: setattr(served.agent.scheduler, "trainer_free_memory_bytes", 256 * 2**20))
+        assert served.on_loop(lambda: served.agent.listening) is False  # no task: quiet
+        task = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=512 * 2**20))
+        assert c.get(task.id).reason == "waiting for memory: needs 512 MiB, 256 MiB free for side tasks"
+        assert served.on_loop(lambda: served.agent.listening) is True
