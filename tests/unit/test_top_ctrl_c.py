@@ -59,7 +59,12 @@ def test_ctrl_c_while_the_loop_holds_its_events_lock_does_not_hang() -> None:
     wake = threading.Event()
     with top._CtrlC(wake) as ctrl_c:
         with wake._cond:  # type: ignore[attr-defined]  # where Event.wait()/clear() hold it: the handler runs here
-            ctrl_c._press(signal.SIGINT, None)  # returns at once (it used to block on the lock above)
+            # Pressed on another thread, joined briefly: a handler that took the lock fails here in seconds (it
+            # used to hang until pytest's own timeout, 120 s).
+            press = threading.Thread(target=ctrl_c._press, args=(signal.SIGINT, None), daemon=True)
+            press.start()
+            press.join(5)
+            assert not press.is_alive(), "the Ctrl-C handler blocked on the loop's event lock"
             assert ctrl_c.pressed
         assert wake.wait(10), "the press never woke the loop"
         assert ctrl_c._stop.wait(10)  # the press ends the UI rate cap's sleep too
