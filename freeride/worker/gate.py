@@ -21,6 +21,7 @@ from freeride.core.window import WindowReader
 from freeride.errors import TaskStop, Unavailable
 from freeride.v1 import worker_pb2 as pb
 from freeride.worker.estimate import StepEstimator
+from freeride.worker.offwindow import OffWindow
 
 log = logging.getLogger("freeride.worker")
 
@@ -86,6 +87,8 @@ class StepGate:
         self._peak_bytes = 0  # this process's peak resident memory at the latest sample
         self._longest_window_ns = 0  # the longest window granted to this worker (from when it saw the grant)
         self._pipe_ids: dict[int, tuple[int, int]] = {}  # each pipe's (device, inode) before any task code ran
+        # The task's other threads between windows (SCHED_IDLE where it can be undone) and their CPU meanwhile.
+        self.off_window = OffWindow(False, lambda cpu_ns, waited_ns: None, time.monotonic_ns)
 
     def estimate_ns(self) -> int | None:
         """What the next step is expected to take: the task's own smallest step if it declares one
@@ -143,6 +146,7 @@ class StepGate:
                     self.close(pb.WINDOW_END_REASON_REVOKED)
                     continue
                 # A new window: judged below from the same word (a grant's first step waits for no second read).
+                self.off_window.restore()
                 self._wid, self._until_ns = word.window_id, word.until_ns
                 self._stepped = False
                 self._saw_ns = woke or time.monotonic_ns()
@@ -176,11 +180,14 @@ class StepGate:
             if self._checkpoint_if_asked():
                 continue
             # Idle: block until the agent writes the window word or the reader thread wakes us.
+            self.off_window.enter()
             try:
                 ready, _, _ = select.select([self.window.fd, s._wake_r], [], [])
             except OSError:
                 self.check_pipes(everyone=True)
                 raise
+            finally:
+                self.off_window.leave()
             self._woke_ns = time.monotonic_ns()
             if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
                 s.drain()
@@ -198,6 +205,7 @@ class StepGate:
                     # checkpoint, or the agent would hold it busy and its hang timer would kill the checkpoint.
                     self._wid = word.window_id
             self.close(pb.WINDOW_END_REASON_STOPPING)
+            self.off_window.restore()  # its checkpoint may need every thread it has
             raise TaskStop
 
     def _checkpoint_if_asked(self) -> bool:

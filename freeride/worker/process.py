@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import grpc
 
 from freeride.core import disk
-from freeride.core.cpu import apply_from_env
+from freeride.core.cpu import Placement, apply_from_env
 from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
@@ -38,6 +38,7 @@ from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import PlumbingError, Shared, StepGate
+from freeride.worker.offwindow import OffWindow
 
 log = logging.getLogger("freeride.worker")
 
@@ -125,6 +126,9 @@ class Worker:
             _die(str(exc))
 
     def _run_task(self, setup: pb.WorkerSetup) -> int:
+        # Before any task code: the threads running now (this one, gRPC's) are the worker's own, never demoted.
+        self.gate.off_window = OffWindow.for_placement(Placement.from_env(os.environ), self._burned_off_window,
+                                                       time.monotonic_ns)
         try:
             cls = load_class(setup.task_ref)
             task = cls(**bind_args(cls, dict(setup.args)))
@@ -205,6 +209,12 @@ class Worker:
         self._out.put(pb.WorkerMessage(finished=pb.WorkerFinished(progress=progress)))
         return 0
 
+    def _burned_off_window(self, cpu_ns: int, waited_ns: int) -> None:
+        log.warning("the task used %.0f%% of a core while it held no window (%.1f s of CPU in %.1f s of waiting): "
+                    "a thread or process it started keeps running between steps; stop it when step() returns",
+                    100 * cpu_ns / waited_ns, cpu_ns / 1e9, waited_ns / 1e9)
+        self._out.put(pb.WorkerMessage(idle_cpu=pb.WorkerIdleCpu(cpu_ns=cpu_ns, idle_ns=waited_ns)))
+
     def _stop(self) -> int:
         """Pause, cancel or a lost agent: save the state so nothing is lost, then exit."""
         try:
@@ -260,6 +270,7 @@ class Worker:
         no hang timer meanwhile; --checkpoint-timeout-s bounds it."""
         assert self.task is not None
         self._ckpt_at = time.monotonic()
+        self.gate.off_window.restore()  # a checkpoint between windows may need every thread the task has
         self.gate.give_back_unseen()
         self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=True)))
         try:
