@@ -37,7 +37,7 @@ CONTROL_ACTION_CANCEL: ControlAction
 CONTROL_ACTION_CHECKPOINT: ControlAction
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed", "waiting", "checkpointing")
+    __slots__ = ("hello", "ready", "steps", "window_done", "checkpointed", "finished", "failed", "waiting", "checkpointing", "idle_cpu")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class WorkerMessage(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
+    IDLE_CPU_FIELD_NUMBER: _ClassVar[int]
     hello: WorkerHello
     ready: WorkerReady
     steps: StepReport
@@ -56,7 +57,8 @@ class WorkerMessage(_message.Message):
     failed: WorkerFailed
     waiting: WorkerWaiting
     checkpointing: WorkerCheckpointing
-    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., waiting: _Optional[_Union[WorkerWaiting, _Mapping]] = ..., checkpointing: _Optional[_Union[WorkerCheckpointing, _Mapping]] = ...) -> None: ...
+    idle_cpu: WorkerIdleCpu
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., steps: _Optional[_Union[StepReport, _Mapping]] = ..., window_done: _Optional[_Union[WindowDone, _Mapping]] = ..., checkpointed: _Optional[_Union[Checkpointed, _Mapping]] = ..., finished: _Optional[_Union[WorkerFinished, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., waiting: _Optional[_Union[WorkerWaiting, _Mapping]] = ..., checkpointing: _Optional[_Union[WorkerCheckpointing, _Mapping]] = ..., idle_cpu: _Optional[_Union[WorkerIdleCpu, _Mapping]] = ...) -> None: ...
 
 class WorkerHello(_message.Message):
     __slots__ = ("task_id", "instance", "pid")
@@ -177,6 +179,14 @@ class WorkerCheckpointing(_message.Message):
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     active: bool
     def __init__(self, active: bool = ...) -> None: ...
+
+class WorkerIdleCpu(_message.Message):
+    __slots__ = ("cpu_ns", "idle_ns")
+    CPU_NS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_NS_FIELD_NUMBER: _ClassVar[int]
+    cpu_ns: int
+    idle_ns: int
+    def __init__(self, cpu_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
     __slots__ = ("setup", "control")

@@ -85,7 +85,14 @@ class Checkpointing(NamedTuple):
     active: bool
 
 
-WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | Waiting | Checkpointing
+class IdleCpu(NamedTuple):
+    """The task used CPU while its worker held no window: cpu_ns in idle_ns of waiting (once per worker)."""
+
+    cpu_ns: int
+    idle_ns: int
+
+
+WorkerMessage = Ready | Steps | WindowDone | Checkpointed | Finished | Failed | Waiting | Checkpointing | IdleCpu
 
 
 # -- to workers ------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from freeride.agent.domain.events import (
     Edge,
     Failed,
     Finished,
+    IdleCpu,
     Ready,
     Steps,
     TaskChanged,
@@ -160,6 +161,8 @@ def worker_message_from_pb(msg: worker_pb2.WorkerMessage) -> WorkerMessage | Non
         return Waiting(msg.waiting.reason, msg.waiting.waiting)
     if which == "checkpointing":
         return Checkpointing(msg.checkpointing.active)
+    if which == "idle_cpu":
+        return IdleCpu(msg.idle_cpu.cpu_ns, msg.idle_cpu.idle_ns) if msg.idle_cpu.idle_ns > 0 else None
     return None
 
 

@@ -20,6 +20,7 @@ from freeride.agent.domain.events import (
     Checkpointing,
     Failed,
     Finished,
+    IdleCpu,
     Ready,
     Steps,
     Waiting,
@@ -35,6 +36,7 @@ from freeride.errors import InvalidStateError
 log = logging.getLogger("freeride.agent")
 
 WAITING = "waiting: "  # the reason of a task that waits for a resource (it raised Unavailable)
+BURNS = "uses CPU outside its windows"  # in the reason of a task whose threads kept running between windows
 _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reason
 
 
@@ -125,6 +127,17 @@ class WorkerStreams:
             self._on_waiting(rec, worker, msg)
         elif isinstance(msg, Checkpointing):
             self._on_checkpointing(rec, worker, msg.active)
+        elif isinstance(msg, IdleCpu):
+            self._on_idle_cpu(rec, msg)
+
+    def _on_idle_cpu(self, rec: TaskRecord, msg: IdleCpu) -> None:
+        """Its worker used CPU while it held no window: training paid for it. Said once per worker (it sends
+        this once) in the log, and in the task's reason (kept beside a reason it has; not twice)."""
+        words = (f"{BURNS} ({100 * msg.cpu_ns / msg.idle_ns:.0f}% of a core over {msg.idle_ns / 1e9:.1f} s "
+                 "without a window): a thread or process it starts keeps running after step() returns; stop it there")
+        log.warning("task %s %s", rec.id, words)
+        if BURNS not in rec.reason and not rec.state.terminal:
+            self._table.set_reason(rec, f"{rec.reason}; {words}" if rec.reason else words)
 
     def _schedule(self, rec: TaskRecord, worker: Worker) -> None:
         """Make the task a candidate for windows: its worker is ready, or the resource it waited for is back
