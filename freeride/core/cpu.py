@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,19 @@ class Placement:
         return cls(nice=int(env[NICE_ENV]), cpus=parse_cpu_list(cpus) if cpus else None,
                    sched=env.get(SCHED_ENV) or "other")
 
+    def start_at(self, pid: int) -> None:
+        """A process the agent just spawned, to this placement at once from outside: its interpreter's start-up and
+        imports (~0.1 s of CPU for a worker, ~50 ms for a check) ran at the agent's own priority until it applied
+        the placement itself (`apply`, which still covers every thread it has). Never raises: the process
+        applies it anyway, and one that already ended has nothing to move."""
+        with contextlib.suppress(OSError):
+            if self.cpus is not None:
+                os.sched_setaffinity(pid, self.cpus)
+            if self.sched == "idle":
+                os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+            if os.getpriority(os.PRIO_PROCESS, pid) < self.nice:
+                os.setpriority(os.PRIO_PROCESS, pid, self.nice)
+
     def apply(self, tasks_dir: Path = Path("/proc/self/task")) -> None:
         """To every thread of this process (its own niceness, affinity and policy each); OSError if refused."""
         for tid in _threads(tasks_dir):
@@ -135,6 +149,19 @@ class Placement:
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
                 os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+
+
+BACKGROUND_NICE = 19  # the agent's bursty work off the control path (prune's deletions, database writes)
+
+
+def lower_this_thread(nice: int = BACKGROUND_NICE) -> None:
+    """This thread alone (Linux keeps niceness per thread) to `nice`, as a thread pool's initializer: the agent's
+    bursty work that no bubble waits for then yields to training, while its event loop and gRPC's threads (the
+    control path) keep their priority. Never raises: a thread left at its priority still does its work."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def apply_from_env(env: Mapping[str, str]) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
+from freeride.core.cpu import lower_this_thread
+
 T = TypeVar("T")
 
 
@@ -31,8 +33,11 @@ class Offload(Protocol):
 
 
 class ThreadOffload:
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)  # (its thread starts on first use)
+    def __init__(self, name: str, background: bool = False) -> None:
+        """`background`: its thread at nice 19 (freeride.core.cpu.lower_this_thread), for bursty work no bubble
+        waits for (prune's deletions); not the watchdog's reads, which a memory cap's kill waits for."""
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,  # (its thread starts on first use)
+                                        initializer=lower_this_thread if background else None)
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)

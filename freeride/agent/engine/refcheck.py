@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from freeride.agent.domain.model import TaskSpec
+from freeride.core.cpu import Placement
 from freeride.errors import InvalidStateError, TaskRefError
 
 PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
@@ -61,6 +62,7 @@ class RefChecks:
         before it imports the task: checking a submit costs training no more than a worker does."""
         self.timeout_s = timeout_s
         self._env = {**os.environ, **placement_env} if placement_env else None
+        self._placement = Placement.from_env(placement_env or {})
         self._queue_wait_s = queue_wait_s
         self._slots = asyncio.Semaphore(parallel)
         self._running: set[int] = set()  # process group ids of the checks running now
@@ -95,6 +97,8 @@ class RefChecks:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             process_group=0, env=self._env,
         )
+        if self._placement is not None:
+            self._placement.start_at(proc.pid)  # its interpreter's start-up too, not only what follows
         self._running.add(proc.pid)
         io = asyncio.ensure_future(proc.communicate(json.dumps(spec.args).encode()))
         timed_out = False

@@ -28,6 +28,7 @@ from pathlib import Path
 from freeride.agent.domain.background import Background
 from freeride.agent.domain.model import TERMINAL, TaskRecord, TaskState
 from freeride.agent.domain.timers import CallLater, TimerHandle
+from freeride.agent.engine.offload import ThreadOffload
 from freeride.agent.engine.tasks import TaskTable
 from freeride.agent.state.store import Store
 from freeride.core.units import format_duration
@@ -118,6 +119,9 @@ class Retention:
         self._timer: TimerHandle | None = None
         self._passes = Background("retention")
         self._closed = False
+        # Deleting files in bulk (a prune loop) on a thread of its own at nice 19: training comes first. (Not
+        # closed: a prune answered after close() may still need it; idle, it ends with the process.)
+        self._files = ThreadOffload("freeride-prune", background=True)
 
     # -- by hand ---------------------------------------------------------------------------------
     async def remove(self, rec: TaskRecord) -> Removal:
@@ -148,8 +152,8 @@ class Retention:
         due = [r for r in expired(self._table.records.values(), self._wall_clock(), older_than_s, states or FINISHED)
                if r.id not in self._table.live]
         if dry_run:
-            files, size = await asyncio.to_thread(
-                regular_files, [p for r in due for p in task_files(self._state_dir, r.id)])
+            paths = [p for r in due for p in task_files(self._state_dir, r.id)]
+            files, size = await self._files.run(lambda: regular_files(paths))
             return Removal(due, files, size, dry_run=True)
         return await self._remove(due)
 
@@ -159,8 +163,8 @@ class Retention:
         for rec in recs:  # first out of the table: no write after this one brings them back
             del self._table.records[rec.id]
         try:
-            files, size = await asyncio.to_thread(
-                regular_files, [p for r in recs for p in task_files(self._state_dir, r.id)], True)
+            paths = [p for r in recs for p in task_files(self._state_dir, r.id)]
+            files, size = await self._files.run(lambda: regular_files(paths, True))
         except BaseException:
             self._table.records.update((r.id, r) for r in recs)
             raise

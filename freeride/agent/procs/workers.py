@@ -113,6 +113,7 @@ class WorkerLauncher:
         `cgroups`: where each worker gets a cgroup (None: process group and mark only)."""
         self._logs = logs
         self._cgroups = cgroups
+        self._placement = placement
         self._placement_env = placement.to_env() if placement is not None else {}
         self._target = agent_target
         self._log_dir = log_dir
@@ -169,6 +170,8 @@ class WorkerLauncher:
         finally:
             os.close(out)  # (a pipe's read end goes at its end of file: the writer closes it)
         window.close_child_end()
+        if self._placement is not None:
+            self._placement.start_at(proc.pid)  # its interpreter's start-up too, not only what follows
         if group is not None:
             self._groups[proc.pid] = group
         worker = WorkerProcess(task_id, instance, proc, path, window, mark=env[WORKER_MARK],

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 from freeride.agent.domain.model import Counters, TaskRecord
 from freeride.agent.domain.timers import CallLater, TimerHandle
 from freeride.agent.state.registry import RegistryWriteError
+from freeride.core.cpu import lower_this_thread
 from freeride.errors import InvalidStateError
 
 log = logging.getLogger("freeride.agent")
@@ -65,7 +66,9 @@ class Store:
         self._call_later: CallLater = call_later or self._loop.call_later
         self._clock = clock
         self._retry_s = retry_s
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db")
+        # Bursty (a submit burst, a prune) and awaited by no bubble edge: at nice 19, so training comes first.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="freeride-db",
+                                          initializer=lower_this_thread)
         self._dirty: set[str] = set()
         self._ledger_dirty = False
         self._timer: TimerHandle | None = None
