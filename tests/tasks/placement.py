@@ -44,3 +44,25 @@ class ReportsPlacement(IterativeTask):
 
     def step(self) -> None:
         pass
+
+
+class BurnsBetweenWindows(IterativeTask):
+    """Starts a thread that spins for ever, windows or not: training pays for it between windows too."""
+
+    def setup(self) -> None:
+        def spin() -> None:
+            n = 0
+            while True:
+                n += 1
+
+        threading.Thread(target=spin, name="spinner", daemon=True).start()
+
+    def step(self) -> None:
+        pass
+
+
+class Quiet(IterativeTask):
+    """Uses the CPU only in its steps."""
+
+    def step(self) -> None:
+        sum(range(1000))
