@@ -184,7 +184,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             None, lambda: GpuControl.open(
                 config.gpu, config.fake_gpu, config.mps, config.mps_control,
                 config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path,
-                config.mps_thread_percentage,
+                config.mps_thread_percentage, config.green_sms,
             )
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon

@@ -34,6 +34,7 @@ from freeride.errors import TaskRefError, TaskStop, Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
+from freeride.worker import green
 from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
 from freeride.worker.estimate import StepEstimator
@@ -152,6 +153,8 @@ class Worker:
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
         try:
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)
+            if said := green.enter(_int(os.environ.get("FREERIDE_GREEN_SMS", "")), task.context.device):
+                log.info("%s", said)
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
         except Exception as exc:
@@ -362,10 +365,14 @@ def _die(reason: str) -> NoReturn:
 
 def _gpu_index(raw: str) -> int:
     """FREERIDE_GPU as the agent set it; -1 when absent or not a number (a worker started by hand)."""
+    return _int(raw, -1)
+
+
+def _int(raw: str, default: int = 0) -> int:
     try:
         return int(raw)
     except ValueError:
-        return -1
+        return default
 
 
 _torch_limited = False

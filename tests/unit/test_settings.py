@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 FLAGS = [
     "--agent-cpus", "--allow-world-socket", "--bubble-path", "--cgroups", "--check-timeout-s",
     "--checkpoint-interval-s", "--checkpoint-timeout-s", "--disk-warn-percent", "--fake-gpu", "--gpu",
-    "--hang-timeout-s", "--headroom", "--log-format", "--log-max-bytes", "--log-total-bytes", "--margin-ms",
+    "--green-sms", "--hang-timeout-s", "--headroom", "--log-format", "--log-max-bytes", "--log-total-bytes",
+    "--margin-ms",
     "--max-restarts", "--max-workers", "--memory-cap-restarts", "--memory-check-s", "--metrics-addr",
     "--metrics-port", "--mps", "--mps-control", "--mps-log-dir", "--mps-pipe-dir", "--mps-thread-percentage",
     "--restart-backoff-s", "--retention", "--shutdown-grace-s", "--socket", "--socket-group", "--socket-mode",
@@ -31,7 +32,8 @@ FLAGS = [
 ENVS = [
     "FREERIDE_AGENT_CPUS", "FREERIDE_ALLOW_WORLD_SOCKET", "FREERIDE_BUBBLE_PATH", "FREERIDE_CGROUPS",
     "FREERIDE_CHECKPOINT_INTERVAL_S", "FREERIDE_CHECKPOINT_TIMEOUT_S", "FREERIDE_CHECK_TIMEOUT_S",
-    "FREERIDE_DISK_WARN_PERCENT", "FREERIDE_FAKE_GPU", "FREERIDE_GPU", "FREERIDE_HANG_TIMEOUT_S",
+    "FREERIDE_DISK_WARN_PERCENT", "FREERIDE_FAKE_GPU", "FREERIDE_GPU", "FREERIDE_GREEN_SMS",
+    "FREERIDE_HANG_TIMEOUT_S",
     "FREERIDE_HEADROOM_BYTES", "FREERIDE_LOG_FORMAT", "FREERIDE_LOG_MAX_BYTES", "FREERIDE_LOG_TOTAL_BYTES",
     "FREERIDE_MARGIN_MS", "FREERIDE_MAX_RESTARTS", "FREERIDE_MAX_WORKERS", "FREERIDE_MEMORY_CAP_RESTARTS",
     "FREERIDE_MEMORY_CHECK_S", "FREERIDE_METRICS_ADDR", "FREERIDE_METRICS_PORT", "FREERIDE_MPS",
