@@ -27,6 +27,7 @@ from freeride.agent.engine.admission import admit, worker_slot
 from freeride.agent.engine.deadlines import CheckpointDeadlines
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload, ThreadOffload
+from freeride.agent.engine.space import SpaceWatch
 from freeride.agent.engine.streams import WAITING, WorkerStreams
 from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
 from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
@@ -54,9 +55,10 @@ class Launcher(Protocol):
 
 class Supervisor:
     def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
-                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None) -> None:
+                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None,
+                 free_bytes: Callable[[], int] | None = None) -> None:
         """`offload`: where the watchdog's blocking reads run (None: a thread of the supervisor's own, released
-        by `shutdown`)."""
+        by `shutdown`); `free_bytes()`: the state directory's free space (default: its file system's)."""
         self._cfg = config
         self._table = table
         self._memory = memory
@@ -74,7 +76,9 @@ class Supervisor:
         self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
                                      lambda: self.stopping, worker_peak=not memory.gpu.on_nvml)
         self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
-                                       self._call_later, offload or ThreadOffload("freeride-sample"))
+                                       self._call_later, offload or ThreadOffload("freeride-sample"),
+                                       SpaceWatch(free_bytes or (lambda: disk.usage(config.state_dir).free_bytes),
+                                                  self._waits_for_disk, self.disk_freed))
 
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
@@ -133,7 +137,13 @@ class Supervisor:
         try:
             await self._start(rec, reason)
         except Exception as exc:  # nothing else would ever report on this start
-            self._start_failed(rec, exc)
+            full = ""
+            if isinstance(exc, OSError) and disk.is_full(exc) and self._table.worker(rec.id) is None:
+                # whose space it is: a statvfs and a walk of the state directory, off the loop
+                full = await self.watchdog.off_loop(functools.partial(
+                    disk.wait_reason, "its worker's files cannot be created in", self._cfg.state_dir, exc,
+                    self._cfg.state_dir))
+            self._start_failed(rec, exc, full)
 
     async def _start(self, rec: TaskRecord, reason: str) -> None:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
@@ -169,10 +179,11 @@ class Supervisor:
     def _start_soon(self, rec: TaskRecord, reason: str) -> None:
         self._background.spawn(self.start(rec, reason))  # (start() acts on its own failures)
 
-    def _start_failed(self, rec: TaskRecord, exc: Exception) -> None:
+    def _start_failed(self, rec: TaskRecord, exc: Exception, full: str = "") -> None:
+        """`full`: the disk is full, and this is what the task waits for (disk.wait_reason)."""
         worker = self._table.worker(rec.id)
-        if worker is None and isinstance(exc, OSError) and disk.is_full(exc):
-            self._wait_for_disk(rec, exc)
+        if worker is None and full:
+            self._wait_for_disk(rec, full)
             return
         log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
         if worker is not None:  # it failed after the spawn: the worker's exit is the crash
@@ -182,7 +193,7 @@ class Supervisor:
         if not self.stopping and (rec.state is TaskState.SUBMITTED or rec.state.active):
             self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
 
-    def _wait_for_disk(self, rec: TaskRecord, exc: OSError) -> None:
+    def _wait_for_disk(self, rec: TaskRecord, full: str) -> None:
         """Its worker's files could not be created, the disk is full: not the task's fault, so no restart is
         charged. It waits STARTING with the reason, and is started again with backoff, or at once when the agent
         frees space (`disk_freed`)."""
@@ -192,12 +203,17 @@ class Supervisor:
         tries = self._disk_waits.get(rec.id, 0)
         self._disk_waits[rec.id] = tries + 1
         delay = min(disk.RETRY_S * 2 ** tries, disk.MAX_RETRY_S)
-        reason = WAITING + disk.wait_reason("its worker's files cannot be created in", self._cfg.state_dir, exc)
-        if rec.reason != reason:
+        reason = WAITING + full
+        if not rec.reason.startswith(_DISK_FULL):
             log.warning("task %s %s; starting it again in %.0fs", rec.id, reason, delay)
         self._table.set_state(rec, TaskState.STARTING, reason)
         self._cancel_restart(rec.id)
         self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+
+    def _waits_for_disk(self) -> bool:
+        """A task waits for space: to start (its worker's files), or READY for its checkpoint to be written."""
+        return bool(self._disk_waits) or any(
+            rec.reason.startswith(_DISK_FULL) for i in self._table.live if (rec := self._table.records.get(i)))
 
     def disk_freed(self) -> None:
         """Space was freed (rm, prune, retention): what waits for the disk tries again now, not at its next
