@@ -171,13 +171,25 @@ def _main(argv: Sequence[str] | None, more: AddCommands | None) -> int:
     parser = build_parser()
     if more is not None and _command(args) not in _commands(parser):
         parser = build_parser(more)  # a tooling command, --help or a typo: every command is needed
-    ns = parser.parse_args(args)
+    ns = parse(parser, args)
     level = getattr(logging, str(ns.log_level).upper(), None)
     if not isinstance(level, int):
         return _fail(f"--log-level {ns.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
     if ns.command != "agent":
         logging.basicConfig(level=max(level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     return run(ns.func, ns)
+
+
+def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args`, except that `submit` takes its key=value words after flags too
+    (`submit REF --mem 4GiB n=1`): argparse fills a `*` positional from the words before the first flag and
+    leaves the rest over. (`parse_intermixed_args` would, but refuses a parser with subcommands.)"""
+    ns, extra = parser.parse_known_args(args)
+    if extra and getattr(ns, "command", None) == "submit" and not any(w.startswith("-") for w in extra):
+        ns.args = [*ns.args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return ns
 
 
 def _command(args: Sequence[str]) -> str | None:

@@ -296,8 +296,9 @@ class Worker:
         except OSError as exc:
             with contextlib.suppress(OSError):  # a partial file: its space goes back (the previous checkpoint stays)
                 tmp.unlink()
-            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc) if disk.is_full(exc) \
-                else ""
+            # (checkpoints live in the state directory's checkpoints/: freeride.agent.engine.streams)
+            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc, path.parent.parent) \
+                if disk.is_full(exc) else ""
             raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}", disk_full=full) from exc
         except Exception as exc:  # pickle's errors: PicklingError, TypeError, AttributeError
             with contextlib.suppress(OSError):

@@ -206,6 +206,34 @@ async def test_space_freed_starts_what_waits_for_the_disk_at_once_and_asks_a_wai
     assert ckpt.reason == "" and ckpt.id in rig.scheduler.tasks  # written: it is scheduled again
 
 
+@in_loop
+async def test_space_freed_by_something_else_wakes_what_waits_for_the_disk_within_a_watchdog_tick(
+    tmp_path: Path,
+) -> None:
+    """Nothing announces space freed outside freeride: while a task waits for the disk, the watchdog's tick
+    reads the free space, and a real gain starts the task then, not at its backoff timer (8 s by its 4th try)."""
+    free = [0]
+    rig = Rig(tmp_path, free_bytes=lambda: free[0])
+    rec = rig.task()
+    rig.launcher.fail = DISK_FULL
+    await rig.sup.start(rec)
+    for _ in range(3):
+        rig.launcher.fail = DISK_FULL
+        rig.timers.fire_next()
+        await rig.sup.settle()
+    assert rec.reason.startswith("waiting: disk full") and [t.at for t in rig.timers.pending()] == [15.0]
+    await rig.watchdog.check()  # the least free space in the wait
+    free[0] = 512 << 10  # a log line or a temporary file: noise, nothing retried
+    await rig.watchdog.check()
+    await rig.sup.settle()
+    assert rig.table.worker(rec.id) is None and rig.launcher.workers == []
+    free[0] = 64 << 20  # another job's files removed
+    await rig.watchdog.check()
+    await rig.sup.settle()
+    assert rig.worker(rec).task_id == rec.id and rig.timers.now == 7.0  # started now, its 8 s timer gone
+    assert [t for t in rig.timers.pending() if t.at == 15.0] == []
+
+
 # -- stop ------------------------------------------------------------------------------------------
 STOPS = [(TaskState.PAUSED, Control.PAUSE), (TaskState.CANCELLED, Control.CANCEL)]  # a stop, the control it sends
 
