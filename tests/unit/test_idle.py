@@ -4,7 +4,6 @@ stands for, and never more than the time that has passed (round 3, item 2: a tra
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Callable
 
 import pytest

@@ -53,8 +53,8 @@ class IdleBound:
         if not r.warned:
             r.warned = True
             log.warning(
-                "rank %d reported a %.3f s bubble standing for %d iterations (%.1f s of bubble time), but its "
-                "bubbles since its first one leave only %.1f s of the time since uncounted: counted that. A rank "
+                "rank %d reported a %.3f s bubble standing for %d iterations (%.3f s of bubble time), but its "
+                "bubbles since its first one leave only %.3f s of the time since uncounted: counted that. A rank "
                 "cannot be idle longer than time passes: its trainer's edges are wrong or forged (check what calls "
                 "its BubbleReporter). Further cuts for this rank are only counted "
                 "(freeride_bubble_refused_seconds_total)",
