@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from freeride.cli import _agents, daemon, manage, tasks
+from freeride.cli import ledger as ledger_cli
 from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import stats as stats_cli
@@ -119,6 +120,10 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     h.add_argument("--timeout-s", type=seconds(0, above=True), default=5.0, help="give up after this long (default 5)")
     h.add_argument("--wait-s", type=seconds(0), default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=daemon.cmd_health)
+
+    led = sub.add_parser("ledger", help="a GPU's harvest ledger in a state directory: show it; reset its bubble "
+                                        "figures (agent stopped)")
+    ledger_cli.add_parsers(subcommands(led, "subcommand"))
 
     pool = sub.add_parser("pool", help="work pools on Redis: create, status, retry-failed, delete")
     pool_cli.add_parsers(subcommands(pool, "subcommand"))

@@ -54,6 +54,7 @@ class Snapshot:
     start_time_unix_s: float = 0.0
     disk: disk.Usage | None = None  # the state directory's file system (read in the scrape's thread, not the loop)
     disk_warn_percent: int = 90
+    bubble_refused_ns: int = 0  # bubble time trainers claimed past the time that had passed (control.idle)
 
 
 async def take_snapshot(agent: Agent) -> Snapshot:
@@ -67,6 +68,7 @@ async def take_snapshot(agent: Agent) -> Snapshot:
         task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.table.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
         disk_warn_percent=agent.config.disk_warn_percent,
+        bubble_refused_ns=agent.scheduler.idle.cut_ns,
     )
 
 
@@ -126,6 +128,9 @@ def families(snap: Snapshot) -> Iterator[Metric]:
 
     add_counter("freeride_bubbles", "Bubbles seen (START..END pairs of harvestable kinds).", g.bubbles)
     add_counter("freeride_bubble_seconds", "Idle time seen in bubbles.", g.bubble_s)
+    add_counter("freeride_bubble_refused_seconds", "Bubble time trainers claimed and the agent did not count: "
+                "more than had passed since the rank's first bubble (a wrong or forged weight).",
+                snap.bubble_refused_ns / 1e9)
     add_counter("freeride_harvested_seconds", "Bubble time spent in side-task steps that ended in time.", g.harvested_s)
     add_counter("freeride_overrun_seconds", "Side-task step time past the end of a bubble.", g.overrun_s)
     add_counter("freeride_overrun_steps", "Side-task steps that ended after their bubble.", g.overrun_steps)

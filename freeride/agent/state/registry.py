@@ -106,7 +106,7 @@ class Registry:
     def _verify(self) -> None:
         """Decode every row now: SQLite has no checksums, so a flipped byte in a row shows only here."""
         self.load()
-        for (gpu,) in self._db.execute("SELECT gpu FROM ledger").fetchall():
+        for gpu in self.ledger_gpus():
             self.load_ledger(gpu)
 
     def close(self) -> None:
@@ -227,6 +227,10 @@ class Registry:
     def _with_secrets(self, task_id: str, spec: TaskSpec) -> TaskSpec:
         secret = self._secrets.read(task_id)
         return replace(spec, args={**spec.args, **secret}) if secret else spec
+
+    def ledger_gpus(self) -> list[int]:
+        """The GPUs with a ledger row here (one per agent that used this state directory)."""
+        return [gpu for (gpu,) in self._db.execute("SELECT gpu FROM ledger ORDER BY gpu").fetchall()]
 
     def load_ledger(self, gpu: int) -> Counters:
         try:
