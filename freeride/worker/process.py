@@ -39,6 +39,7 @@ from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import PlumbingError, Shared, StepGate
+from freeride.worker.leftovers import kill_own_leftovers
 
 log = logging.getLogger("freeride.worker")
 
@@ -111,6 +112,8 @@ class Worker:
             return 1
         try:
             code = self._run_task(setup)
+            if self._s.lost:  # (its checkpoint is taken) nobody else may end what the task left: records.py
+                kill_own_leftovers()
         finally:
             self._out.put(None)
             reader.join(timeout=5)
