@@ -10,6 +10,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from freeride import PermanentError
+
 from behaviours import Counter  # beside this file: task files import their neighbours
 
 
@@ -86,3 +88,20 @@ class ClosesFdsWhenBuilt(Counter):
         super().setup()
         if self.where == "setup":
             os.closerange(3, 1024)
+
+
+class CannotRunHere(Counter):
+    """setup() (or, with `where="step"`, the first step) finds the task cannot run: a restart would meet it again."""
+
+    def __init__(self, where: str = "setup") -> None:
+        super().__init__()
+        self.where = where
+
+    def setup(self) -> None:
+        if self.where == "setup":
+            raise PermanentError("prompts.jsonl line 3: an empty prompt")
+
+    def step(self) -> None:
+        if self.where == "step":
+            raise PermanentError("item 7 holds token 300; the model's ids are 0..255")
+        super().step()
