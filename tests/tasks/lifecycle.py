@@ -10,9 +10,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from freeride import PermanentError
-
 from behaviours import Counter  # beside this file: task files import their neighbours
+
+from freeride import PermanentError
 
 
 class SlowCheckpoint(Counter):
