@@ -17,8 +17,6 @@ from engine_fakes import FakeWorker, MiB, Rig, in_loop
 
 from freeride.agent.domain.events import Control, Edge, Ready, Steps, Waiting, WindowDone
 from freeride.agent.domain.model import TaskRecord, TaskState
-from freeride.agent.engine.deadlines import CheckpointDeadlines
-from freeride.agent.engine.streams import WorkerStreams
 from freeride.agent.engine.tasks import Change
 
 
