@@ -30,7 +30,7 @@ from freeride.core.cpu import apply_from_env
 from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
-from freeride.errors import TaskRefError, TaskStop, Unavailable
+from freeride.errors import PermanentError, TaskRefError, TaskStop, Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
@@ -47,7 +47,8 @@ _CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any ot
 
 
 class _CheckpointFormatError(Exception):
-    """The task's checkpoint was written in a format this worker does not read."""
+    """The task's checkpoint was written in a format this worker does not read, or its task says (PermanentError)
+    that it cannot resume from it: a retry would read the same file."""
 
 
 class _CheckpointError(Exception):
@@ -135,6 +136,9 @@ class Worker:
         except TaskRefError as exc:
             self._plumbing_intact()
             return self._fail(str(exc), retryable=False)
+        except PermanentError as exc:
+            self._plumbing_intact()
+            return self._fail(f"the task's constructor: {exc}", retryable=False)
         except Exception as exc:
             self._plumbing_intact()
             return self._fail(f"constructing the task raised {type(exc).__name__}: {exc}", retryable=False)
@@ -160,6 +164,9 @@ class Worker:
                 log.info("%s", said)
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
+        except PermanentError as exc:  # the task knows a restart would meet it again: no restart
+            self._plumbing_intact()
+            return self._fail(f"setup(): {exc}", retryable=False)
         except Exception as exc:
             self._plumbing_intact()
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
@@ -202,6 +209,8 @@ class Worker:
             where = "run()" if kind == "imperative" else "is_done()"
             return self._fail(f"{where} raised Unavailable ({exc.reason}); Unavailable is for IterativeTask.step(): "
                               "raise it there to wait for a resource without holding a window", retryable=False)
+        except PermanentError as exc:
+            return self._fail(f"{'run' if kind == 'imperative' else 'step'}(): {exc}", retryable=False)
         except SystemExit as exc:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() called sys.exit({exc.code})")
         except Exception as exc:
@@ -330,6 +339,9 @@ class Worker:
             )
         try:
             self.task.load_state_dict(payload["state"])
+        except PermanentError as exc:
+            raise _CheckpointFormatError(f"load_state_dict(): {exc} (restoring {path}; move it away to start the "
+                                         "task from scratch)") from exc
         except Exception as exc:
             raise _CheckpointError(
                 f"load_state_dict() raised {type(exc).__name__}: {exc} (restoring {path}; move it away to start "

@@ -77,7 +77,7 @@ class Supervisor:
         self.stopping = False
         self._deadlines = CheckpointDeadlines(config.checkpoint_timeout_s, table, self._call_later)
         self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
-                                     lambda: self.stopping, worker_peak=not memory.gpu.on_nvml)
+                                     lambda: self.stopping)
         self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
                                        self._call_later, offload or ThreadOffload("freeride-sample"),
                                        SpaceWatch(free_bytes or (lambda: disk.usage(config.state_dir).free_bytes),
