@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
@@ -177,8 +178,38 @@ class Client:
         return _Stream(call, self.target)
 
     def watch(self) -> EventStream:
-        """Events as they happen, until `cancel()` is called on the returned stream (the iteration then ends)."""
-        return _Stream(self.tasks.Watch(tasks_pb2.WatchRequest()), self.target)
+        """Events as they happen, until `cancel()` is called on the returned stream (the iteration then ends).
+        It returns once the agent has subscribed it: every event after that is in the stream, so a state read
+        after `watch()` and the events that follow leave no gap."""
+        call = self.tasks.Watch(tasks_pb2.WatchRequest())
+        call.initial_metadata()  # the agent sends it once subscribed (or the call failed: iterating raises)
+        return _Stream(call, self.target)
+
+    def wait(self, task_id: str, states: Sequence[Any], timeout_s: float = 60.0) -> tasks_pb2.TaskInfo:
+        """Block until the task is in one of `states` (TaskState values or names like "READY") or over (DONE,
+        FAILED, CANCELLED: check `.state`); its info then. Driven by the agent's events, not by polling.
+        A task is STARTING after submit while its worker loads; `wait(id, ["READY", "RUNNING"])` waits that out.
+        TimeoutError after `timeout_s`."""
+        wanted = {*_state_values(states), *_OVER}
+        events = self.watch()  # subscribed before the state is read: a change in between is in the stream
+        timer = threading.Timer(timeout_s, events.cancel)
+        timer.start()
+        try:
+            info = self.get(task_id)
+            if info.state in wanted:
+                return info
+            for ev in events:
+                if ev.task.id == task_id and ev.task.state in wanted:
+                    return ev.task
+        finally:
+            timer.cancel()
+            events.cancel()
+        info = self.get(task_id)
+        raise TimeoutError(f"task {task_id} is still {tasks_pb2.TaskState.Name(info.state).removeprefix('TASK_STATE_')}"
+                           f" after {timeout_s:g} s ({info.reason or 'no reason given'})")
+
+
+_OVER = (tasks_pb2.TASK_STATE_DONE, tasks_pb2.TASK_STATE_FAILED, tasks_pb2.TASK_STATE_CANCELLED)
 
 
 def _state_values(states: Sequence[Any]) -> list[Any]:

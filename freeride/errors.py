@@ -78,6 +78,16 @@ class Unavailable(Exception):
         self.max_retry_s = max_retry_s
 
 
+class PermanentError(Exception):
+    """Raised by a task's code (its constructor, `setup()`, `load_state_dict()`, `step()`, `run()`): the task as
+    given cannot run, and a restart would meet the same error (a prompt longer than the model takes, an input
+    that is not UTF-8). The worker fails the task at once, with the message as its reason and no restart.
+
+    Say what is wrong and what to do, in one line. An error that may pass (a full disk, a server down) is not
+    permanent: raise anything else (restarted with backoff) or `Unavailable` from `step()` (waits).
+    """
+
+
 class TaskStop(BaseException):
     """Raised at a yield point when the agent asks the task to stop (pause or cancel).
 

@@ -5,12 +5,16 @@ the model (`model=` as in `sidetasks.models`) and computes the loss over `data` 
 (a unit is one batch; a step runs as many as fit, `freeride.StepBudget`), then appends one JSON line to
 `out`: `{"checkpoint", "mtime_ns", "loss", "perplexity" | "accuracy", "items", "tokens"}`.
 
-Watching without busy-polling: the directory is listed once per step while no evaluation is under way
-(and when one ends), i.e. at most once per unit of work the agent grants; a step that finds nothing new
-returns at once. A checkpoint is a file `*.pt`, `*.pth` or `*.ckpt` (not hidden, not `*.tmp`) holding a
-state dict or a dict with a "model" entry; it is known by name and modification time, so one rewritten
-in place is evaluated again. One that does not load (still being written without a rename) is tried
-again once it changes. The lines already in `out` are never evaluated twice; the checkpoint holds the
+Watching without busy-polling: the directory is listed at most once per step while no evaluation is under
+way, in a thread of its own (`sidetasks.checkpoints.Reader`), which also reads the checkpoint it finds into
+CPU memory: a step never waits for the disk or the unpickling (a whole checkpoint read inside one step
+overran its bubble by the file's size), it returns at once until the read is done, then copies the
+state into the model in pieces of a few MiB, each a unit of its step budget like a batch. The step time
+the task declares (`min_step_s`) is learnt from those units alone. A checkpoint is a file `*.pt`, `*.pth`
+or `*.ckpt` (not hidden, not `*.tmp`) holding a state dict or a dict with a "model" entry; it is known by
+name and modification time, so one rewritten in place is evaluated again. One that does not load (still
+being written without a rename), or whose names and shapes are not the model's, is tried again once it
+changes. The lines already in `out` are never evaluated twice; the checkpoint holds the
 evaluation under way (which file, how far, the sums), so a pause or crash repeats at most a few units.
 
 Data:
@@ -27,7 +31,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +41,11 @@ import torch
 from torch.nn import functional as F
 
 from freeride import IterativeTask, StepBudget
+from sidetasks.checkpoints import Loaded, Reader, pieces
 from sidetasks.jsonl import Lines
 from sidetasks.models import check_model, lm_loss, load_model
 
 log = logging.getLogger(__name__)
-_SUFFIXES = (".pt", ".pth", ".ckpt")
 _IMAGES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
@@ -99,7 +104,8 @@ class Evaluate(IterativeTask):
         self.device_arg, self.threads = device, threads
         self.budget = StepBudget(max_step_ms / 1e3)
         self.current: dict[str, Any] | None = None  # the evaluation under way
-        self.listings = 0
+        self._copying: tuple[Loaded, Iterator[tuple[torch.Tensor, torch.Tensor]]] | None = None  # read, going in
+        self._unit_s: deque[float] = deque(maxlen=64)  # recent units (batches, copy pieces): min_step_s
         self.busy_s = 0.0
 
     @classmethod
@@ -125,59 +131,50 @@ class Evaluate(IterativeTask):
         out = Path(self.out_arg) if self.out_arg else Path(self.context.checkpoint_path).with_suffix(".evals.jsonl")
         self.lines = Lines(out)
         self.evaluated = {f"{r['checkpoint']}@{r['mtime_ns']}" for r in self.lines.existing}
-        self.unreadable: set[str] = set()
+        self.reader = Reader(self.dir, {k: v.shape for k, v in self.model.state_dict().items()})
         with torch.no_grad():
             self._score(0)  # warm-up: the first real unit is then as fast as the rest
-
-    # -- watching ------------------------------------------------------------------------------------------------
-    def _next_checkpoint(self) -> tuple[Path, int] | None:
-        """The oldest checkpoint not evaluated yet (one listing of the directory)."""
-        self.listings += 1
-        found = []
-        for f in self.dir.iterdir():
-            if f.suffix in _SUFFIXES and not f.name.startswith("."):
-                try:
-                    st = f.stat()
-                except FileNotFoundError:  # renamed or removed since the listing
-                    continue
-                key = f"{f.name}@{st.st_mtime_ns}"
-                if key not in self.evaluated and f"{key}@{st.st_size}" not in self.unreadable:
-                    found.append((st.st_mtime_ns, f.name, f, st.st_size))
-        for mtime_ns, _, f, size in sorted(found):
-            if self._load(f):
-                return f, mtime_ns
-            self.unreadable.add(f"{f.name}@{mtime_ns}@{size}")
-        return None
-
-    def _load(self, path: Path) -> bool:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            self.model.load_state_dict(state["model"] if isinstance(state, dict) and "model" in state else state)
-        except Exception as exc:  # a file still being written, or another model's: said once, tried when it changes
-            log.warning("checkpoint %s does not load (%s: %s); tried again when it changes", path,
-                        type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
-            return False
-        self.model.eval()
-        return True
 
     # -- the work ------------------------------------------------------------------------------------------------
     def step(self) -> None:
         start = time.perf_counter()
         try:
-            if self.current is None:
-                found = self._next_checkpoint()
+            if self.current is None and self._copying is None:
+                found = self.reader.poll(frozenset(self.evaluated))
                 if found is None:
-                    return  # nothing new: listed again at the next step
-                self.current = {"name": found[0].name, "mtime_ns": found[1], "pos": 0, "loss": 0.0, "n": 0,
-                                "correct": 0}
+                    return  # nothing new, or still being read: at once, holding the window no longer
+                self._copying = (found, pieces(self.model.state_dict(), found.state))
             self.budget.start(self.context.remaining_s(), window=self.context.remaining_s)
             with torch.no_grad():
                 while True:
-                    self._unit()
-                    if self.current is None or not self.budget.another():
+                    began = time.perf_counter()
+                    if self._copying is not None:
+                        self._copy_piece()
+                    else:
+                        self._unit()
+                    self._unit_s.append(time.perf_counter() - began)
+                    if (self.current is None and self._copying is None) or not self.budget.another():
                         return
         finally:
             self.busy_s += time.perf_counter() - start
+
+    def _copy_piece(self) -> None:
+        assert self._copying is not None
+        found, todo = self._copying
+        piece = next(todo, None)
+        if piece is not None:
+            piece[0].copy_(piece[1])
+            return
+        self._copying = None  # all in: the evaluation begins with the next unit
+        self.model.eval()
+        self.current = {"name": found.name, "mtime_ns": found.mtime_ns, "pos": 0, "loss": 0.0, "n": 0, "correct": 0}
+
+    def min_step_s(self) -> float | None:
+        """One unit (a batch, or a piece of a checkpoint going in): the median of the recent ones, half again for
+        the odd slow one. Steps that wait for a read or find nothing are no units: they never count."""
+        if len(self._unit_s) < 5:
+            return None
+        return 1.5 * sorted(self._unit_s)[len(self._unit_s) // 2]
 
     def _unit(self) -> None:
         cur = self.current
@@ -217,7 +214,7 @@ class Evaluate(IterativeTask):
         return 0 < self.count <= len(self.evaluated)
 
     def progress(self) -> Mapping[str, float]:
-        p = {"checkpoints": float(len(self.evaluated)), "listings": float(self.listings),
+        p = {"checkpoints": float(len(self.evaluated)), "listings": float(self.reader.listings),
              "busy_s": self.busy_s}
         if self.current is not None:
             p["current_done"] = min(1.0, self.current["pos"] / len(self.x))
@@ -230,7 +227,7 @@ class Evaluate(IterativeTask):
             p["done"] = min(1.0, len(self.evaluated) / self.count)
         return p
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # a read under way is left to its daemon thread: nothing waits for it
         lines = getattr(self, "lines", None)
         if lines is not None:
             lines.close()
@@ -250,5 +247,8 @@ class Evaluate(IterativeTask):
             same = path.stat().st_mtime_ns == cur["mtime_ns"]
         except FileNotFoundError:
             same = False
-        if same and self._load(path):  # else it changed or went: found again (or not) by the next listing
+        read = self.reader.read(path) if same else None  # outside any window: before the worker is ready
+        if read is not None:  # else it changed or went: found again (or not) by the next listing
+            self.model.load_state_dict(read)
+            self.model.eval()
             self.current = dict(cur)

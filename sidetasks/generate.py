@@ -34,48 +34,12 @@ from typing import Any
 
 import torch
 
-from freeride import IterativeTask, PoolItem, PoolTask, StepBudget
+from freeride import IterativeTask, PermanentError, PoolItem, PoolTask, StepBudget
 from sidetasks.decoding import Completion, Decoder, Prompt, Sampling, with_model_stop
 from sidetasks.files import publish
 from sidetasks.jsonl import Lines
-from sidetasks.models import check_model, encoder, load_model
-
-
-def read_prompts(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """The prompts of a file: a JSON object per line with an "id" and a "prompt" (text) or "tokens" (ids), or a
-    plain line of text (its id: its line number). Blank lines are skipped; ids must be unique."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    seen: dict[str, int] = {}
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"prompts={path}: {exc.strerror or exc}") from None
-    for number, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {number}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or "id" not in obj or not ("prompt" in obj or "tokens" in obj):
-                raise ValueError(f'{path} line {number}: need {{"id": ..., "prompt": "text"}} or "tokens": [ids]')
-            prompt_id, args = str(obj.pop("id")), obj
-        else:
-            prompt_id, args = str(number), {"prompt": raw}
-        if prompt_id in seen:
-            raise ValueError(f"{path} line {number}: id {prompt_id!r} again (first on line {seen[prompt_id]})")
-        seen[prompt_id] = number
-        out.append((prompt_id, args))
-    return out
-
-
-def prompt_tokens(prompt_id: str, args: Mapping[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
-    tokens = args["tokens"] if "tokens" in args else encode(str(args["prompt"]))
-    if not tokens:
-        raise ValueError(f"prompt {prompt_id!r} is empty")
-    return [int(t) for t in tokens]
+from sidetasks.models import Limits, check_model, declared_limits, encoder, load_model
+from sidetasks.prompts import fit_problem, known_tokens, prompt_tokens, read_prompts
 
 
 def completion_record(c: Completion, decode: Callable[[list[int]], str]) -> dict[str, Any]:
@@ -122,9 +86,24 @@ class Generate(IterativeTask):
     def check_args(cls, **kwargs: Any) -> None:
         if not kwargs.get("prompts"):
             raise ValueError("pass prompts=FILE (JSON lines {\"id\": ..., \"prompt\": \"text\"}, or one prompt a line)")
-        if not read_prompts(str(kwargs["prompts"])):
-            raise ValueError(f"prompts={kwargs['prompts']} holds no prompt")
+        path = str(kwargs["prompts"])
+        try:
+            prompts = read_prompts(path)
+        except OSError as exc:
+            raise ValueError(f"prompts={path}: {exc.strerror or exc}") from None
+        if not prompts:
+            raise ValueError(f"prompts={path} holds no prompt")
         _check_common(kwargs)
+        # What the model declares without being built (the shipped one does): a prompt it cannot take is refused
+        # here, not after a worker loaded the model; the worker checks the rest against the model it built.
+        limits = declared_limits(str(kwargs.get("model", "sidetasks.models:byte_decoder")))
+        if limits is None:
+            return
+        for prompt_id, args in prompts:
+            tokens = known_tokens(args, limits)
+            problem = fit_problem(prompt_id, tokens, int(kwargs.get("max_new_tokens", 64)), limits) if tokens else ""
+            if problem:
+                raise ValueError(f"prompts={path}: {problem}")
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -132,14 +111,13 @@ class Generate(IterativeTask):
         self.budget.track(self.device)  # on a GPU: one unit's kernels in flight at most
         self.model = load_model(self.model_arg, self.weights, self.device)
         self.encode, self.decode = encoder(self.model)
-        prompts = [Prompt(i, prompt_tokens(i, a, self.encode)) for i, a in read_prompts(self.prompts_arg)]
-        self._check_lengths(prompts)
+        prompts = self._prompts()
         self.lines = Lines(Path(self.out_arg) if self.out_arg else self._default_out())
         finished = frozenset(str(r["id"]) for r in self.lines.existing)
         self.done_before = len(finished & {p.id for p in prompts})
         self.total = len(prompts)
         self.sampling = with_model_stop(self.sampling, self.model)
-        self.width, self.per_seq_bytes = self._size_batch(prompts)
+        self.width, self.per_seq_bytes = self._size_batch(prompts, self.vocab)
         self.decoder = Decoder(self.model, prompts, self.sampling, self.width, self.device, skip=finished)
         self.written = 0
 
@@ -150,14 +128,30 @@ class Generate(IterativeTask):
         path = Path(ckpt)
         return path.with_name(path.stem + "-completions.jsonl")
 
-    def _check_lengths(self, prompts: list[Prompt]) -> None:
+    def _prompts(self) -> list[Prompt]:
+        """The prompts, each checked against the model built: one it cannot take would fail every restart the same
+        way (or, on a GPU, hit a device-side assert), so it is a PermanentError, naming the file and prompt."""
+        try:
+            read = read_prompts(self.prompts_arg)  # an OSError is not permanent: the file may come back
+            prompts = [Prompt(i, prompt_tokens(i, a, self.encode)) for i, a in read]
+        except ValueError as exc:
+            raise PermanentError(f"prompts={self.prompts_arg}: {exc}") from None
         max_len = getattr(self.model, "max_len", None)
+        self.vocab = self._vocab()
+        limits = Limits(self.vocab, max_len if isinstance(max_len, int) else None)
         for p in prompts:
-            if isinstance(max_len, int) and len(p.tokens) + self.sampling.max_new_tokens > max_len:
-                raise ValueError(f"prompt {p.id!r}: {len(p.tokens)} tokens + max_new_tokens="
-                                 f"{self.sampling.max_new_tokens} exceed the model's {max_len} positions")
+            problem = fit_problem(p.id, p.tokens, self.sampling.max_new_tokens, limits)
+            if problem:
+                raise PermanentError(f"prompts={self.prompts_arg}: {problem}")
+        return prompts
 
-    def _size_batch(self, prompts: list[Prompt]) -> tuple[int, int]:
+    def _vocab(self) -> int:
+        """The model's vocabulary: the width of its logits for one token."""
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        logits, _ = self.model(one, one, torch.ones(1, 1, dtype=torch.bool, device=self.device), None)
+        return int(logits.shape[-1])
+
+    def _size_batch(self, prompts: list[Prompt], vocab: int) -> tuple[int, int]:
         """The batch width that fits the memory cap, and the bytes one sequence is estimated to need.
 
         Measured: the process (torch, the weights) after a warm-up prefill and decode of the longest prompt,
@@ -168,10 +162,6 @@ class Generate(IterativeTask):
         warm = Decoder(self.model, [Prompt("warm-up", [0] * longest)], Sampling(2), 1, self.device)
         warm.unit()
         kv_per_token = warm.cache_bytes() / longest
-        logits, _ = self.model(torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                               torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                               torch.ones(1, 1, dtype=torch.bool, device=self.device), None)
-        vocab = int(logits.shape[-1])
         warm.unit()
         per_seq = int(2 * kv_per_token * (longest + self.sampling.max_new_tokens)
                       + longest * (kv_per_token + 8 * vocab))

@@ -21,23 +21,69 @@ selects rows (dim 0) and left-pads or trims columns (dim 2) of every cache tenso
 is assumed. Text is turned into ids by the model's own `encode(str) -> list[int]` and `decode(list[int]) -> str`
 when it has them, else as UTF-8 bytes (the model's vocabulary must then hold 256 ids). A classifier (for
 `sidetasks.evaluate` over images) is `forward(images [B, C, H, W]) -> logits [B, classes]`.
+
+What prompts a model can take (`Limits`: its ids, its positions) is known before it is built from a Hugging
+Face directory's config.json, or from a factory that declares it (`@declares(Limits(...))`, as `byte_decoder`
+does): `Generate` then refuses a prompt that does not fit at submit, not after a worker loaded the model.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 VOCAB = 256
+MAX_LEN = 1024  # the shipped byte decoder's positions
+
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a prompt must fit: ids below `vocab`, prompt and new tokens within `max_len` (None: not known)."""
+
+    vocab: int | None
+    max_len: int | None
+    bytes_are_tokens: bool = False  # no tokenizer: a text prompt's ids are its UTF-8 bytes
+
+
+def declares(limits: Limits) -> Callable[[_Factory], _Factory]:
+    """Mark a model factory with the limits of the model it builds, so they are known without building it."""
+    def mark(factory: _Factory) -> _Factory:
+        factory.__dict__["limits"] = limits
+        return factory
+    return mark
+
+
+def declared_limits(model: str) -> Limits | None:
+    """The limits of the model `model` names, known without building it (None where nothing declares them)."""
+    if ":" not in model:
+        try:
+            config = json.loads((Path(model) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(config, dict):
+            return None
+        return Limits(_whole(config.get("vocab_size")), _whole(config.get("max_position_embeddings",
+                                                                          config.get("n_positions"))))
+    module_part, _, name = model.rpartition(":")
+    limits = getattr(_resolve(module_part, name), "limits", None)
+    return limits if isinstance(limits, Limits) else None
+
+
+def _whole(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def check_model(model: str, weights: str = "") -> None:
@@ -139,7 +185,7 @@ class _Block(nn.Module):
 class ByteDecoder(nn.Module):
     """A byte-level decoder-only transformer (256 ids) with learned positions, following the KV-cache protocol."""
 
-    def __init__(self, dim: int = 128, layers: int = 4, heads: int = 4, max_len: int = 1024) -> None:
+    def __init__(self, dim: int = 128, layers: int = 4, heads: int = 4, max_len: int = MAX_LEN) -> None:
         super().__init__()
         self.max_len = max_len
         self.embed = nn.Embedding(VOCAB, dim)
@@ -167,6 +213,7 @@ class ByteDecoder(nn.Module):
         return self.head(x), out
 
 
+@declares(Limits(VOCAB, MAX_LEN, bytes_are_tokens=True))
 def byte_decoder() -> ByteDecoder:
     """The shipped factory (`model=sidetasks.models:byte_decoder`): 4 blocks of width 128, seeded weights.
 
@@ -203,6 +250,10 @@ class HFCausalLM(nn.Module):
         self.lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
         self.eos_token_id = self.tokenizer.eos_token_id
+        # Positions past the trained ones index out of the position table (GPT-2's n_positions; on a GPU a
+        # device-side assert that poisons the process): the decoder refuses prompts that would reach them.
+        self.max_len = _whole(getattr(self.lm.config, "max_position_embeddings",
+                                      getattr(self.lm.config, "n_positions", None)))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # name, bench overhead arguments, whether it needs a GPU to mean anything beyond the plumbing.
 # A: the product's defaults (MPS, side tasks capped at 50 % of the SMs, event edges) with a wall-clock neighbour and
 # the matmul task; A0: uncapped (the first plan's A); B: the first run's cycle-counted neighbour; F: no MPS;
-# tasks: FreeRide's table; D: short chunks; E, G: a resident (NCCL-like) neighbour, with and without MPS.
+# tasks: FreeRide's table; H, H2: side tasks in a green context of half the H200's 132 SMs, without and with MPS
+# (uncapped); D: short chunks; E, G: a resident (NCCL-like) neighbour, with and without MPS.
 MATMUL = ["--mps", "start", "--edge-sync", "event"]
 WALL = [*MATMUL, "--neighbour", "wall"]
 PLAN: list[tuple[str, list[str], bool]] = [
@@ -51,6 +52,9 @@ PLAN: list[tuple[str, list[str], bool]] = [
     ("T4-mps-wall-generate", [*WALL, "--task", "sidetasks.generate:Generate",
                               "--side-arg", "prompts={work}/prompts.jsonl", "--side-arg", "out={work}/generate.jsonl",
                               "--side-arg", "max_new_tokens=64"], False),
+    ("H-nomps-wall-matmul-green66", ["--mps", "off", "--edge-sync", "event", "--neighbour", "wall",
+                                     "--green-sms", "66"], True),
+    ("H2-mps-wall-matmul-green66", [*WALL, "--mps-thread-percentage", "0", "--green-sms", "66"], True),
     ("D-mps-wall-matmul-chunk05", [*WALL, "--side-step-ms", "0.5"], True),
     ("E-mps-spin16-matmul", [*MATMUL, "--neighbour", "spin", "--spin-ctas", "16"], True),
     ("G-nomps-spin16-matmul", ["--mps", "off", "--edge-sync", "event", "--neighbour", "spin",

@@ -135,6 +135,10 @@ class AgentConfig:
     mps_thread_percentage: int = setting(
         50, "gpu", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for side tasks under MPS (default {default}; 0: not set, every "
                    "SM)", metavar="PCT", doctor=True)
+    # A side task's kernels in a CUDA green context of N SMs (freeride.worker.green; torch >= 2.10); 0: off.
+    green_sms: int = setting(
+        0, "gpu", "run side tasks' kernels in a CUDA green context of N SMs (torch >= 2.10; default 0: off)",
+        metavar="N")
     # -- state and logs ---------------------------------------------------------------------------
     state_dir: Path = setting(  # relative: to the agent's working directory (the units pass one)
         Path("freeride-state"), "state", "registry, ledger, checkpoints, logs (default ./{default}: relative to the "
@@ -244,6 +248,8 @@ class AgentConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.mps_thread_percentage <= 100:
             raise ConfigError(f"--mps-thread-percentage must be 0 (unset) .. 100, got {self.mps_thread_percentage}")
+        if self.green_sms < 0:
+            raise ConfigError(f"--green-sms must be >= 0 (0: off), got {self.green_sms}")
         if self.headroom_bytes < 0:
             raise ConfigError(f"--headroom must be >= 0, got {self.headroom_bytes} bytes")
         if self.memory_cap_restarts < 0:

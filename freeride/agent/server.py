@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -171,6 +172,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     _private_state_dir(config.state_dir)
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_hangups_ignored(loop))  # first: a hang-up during the start must not kill it either
         stack.enter_context(_lock_state_dir(config.state_dir))
         sock = config.socket_path
         _claim_socket(sock, gid)
@@ -184,7 +186,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
             None, lambda: GpuControl.open(
                 config.gpu, config.fake_gpu, config.mps, config.mps_control,
                 config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path,
-                config.mps_thread_percentage,
+                config.mps_thread_percentage, config.green_sms,
             )
         )
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
@@ -285,6 +287,27 @@ async def _serve_until_stopped(config: AgentConfig, sock: Path, ready: asyncio.E
     if ready is not None:
         ready.set()
     await stop.wait()
+
+
+@contextlib.contextmanager
+def _hangups_ignored(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """SIGHUP's default action ends the process at once: no log line, no final state write, workers left to
+    the next agent. It comes from a closed terminal (an agent started from a shell, then the shell closed)
+    or from a habit of telling daemons to reopen their logs. The agent does neither: it logs to stderr,
+    opened by whoever started it, so there is nothing to reopen; it says so and keeps running. SIGTERM stops it."""
+    def on_hangup() -> None:
+        log.warning("SIGHUP ignored (a closed terminal, or a request to reopen logs: the agent writes to the "
+                    "stderr it was given and has none to reopen); stop the agent with SIGTERM")
+
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (an in-process test)
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        installed = True
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGHUP)
 
 
 def _unlink(path: Path) -> None:

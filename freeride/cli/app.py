@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from freeride.cli import _agents, daemon, manage, tasks
+from freeride.cli import ledger as ledger_cli
 from freeride.cli import logs as logs_cli
 from freeride.cli import pool as pool_cli
 from freeride.cli import stats as stats_cli
@@ -120,6 +121,10 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
     h.add_argument("--wait-s", type=seconds(0), default=0.0, help="first wait up to this long for the agent to come up")
     h.set_defaults(func=daemon.cmd_health)
 
+    led = sub.add_parser("ledger", help="a GPU's harvest ledger in a state directory: show it; reset its bubble "
+                                        "figures (agent stopped)")
+    ledger_cli.add_parsers(subcommands(led, "subcommand"))
+
     pool = sub.add_parser("pool", help="work pools on Redis: create, status, retry-failed, delete")
     pool_cli.add_parsers(subcommands(pool, "subcommand"))
 
@@ -171,13 +176,25 @@ def _main(argv: Sequence[str] | None, more: AddCommands | None) -> int:
     parser = build_parser()
     if more is not None and _command(args) not in _commands(parser):
         parser = build_parser(more)  # a tooling command, --help or a typo: every command is needed
-    ns = parser.parse_args(args)
+    ns = parse(parser, args)
     level = getattr(logging, str(ns.log_level).upper(), None)
     if not isinstance(level, int):
         return _fail(f"--log-level {ns.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
     if ns.command != "agent":
         logging.basicConfig(level=max(level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     return run(ns.func, ns)
+
+
+def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args`, except that `submit` takes its key=value words after flags too
+    (`submit REF --mem 4GiB n=1`): argparse fills a `*` positional from the words before the first flag and
+    leaves the rest over. (`parse_intermixed_args` would, but refuses a parser with subcommands.)"""
+    ns, extra = parser.parse_known_args(args)
+    if extra and getattr(ns, "command", None) == "submit" and not any(w.startswith("-") for w in extra):
+        ns.args = [*ns.args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return ns
 
 
 def _command(args: Sequence[str]) -> str | None:

@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from freeride.core.text import printable
 from freeride.errors import FreerideError
 
 if TYPE_CHECKING:
@@ -159,18 +159,6 @@ def console() -> Console:
 
     piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
     return _Console(width=PIPED_WIDTH if piped else None, markup=False, highlight=False)
-
-
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# Characters that move the cursor, recolour or rewrite a terminal, or start a new line in a log: C0 and C1
-# controls, DEL, the Unicode line and paragraph separators and the bidirectional overrides.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` safe for a terminal and a one-line log: each control character shown escaped (`\\x1b`, `\\n`).
-    A task's name, arguments and failure reason come from whoever submitted it or from its exception."""
-    return _UNPRINTABLE.sub(lambda m: _NAMED_ESCAPES.get(m.group(), repr(m.group())[1:-1]), text)
 
 
 def table(title: str | None, *columns: str, **options: Any) -> Table:

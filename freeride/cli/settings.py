@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,24 @@ def _add(g: argparse._ArgumentGroup, d: Declared) -> None:
 def agent_config(ns: argparse.Namespace) -> AgentConfig:
     """The validated config: each setting from its flag if given, else its FREERIDE_* twin, else the default."""
     values = env_defaults(os.environ)
+    from_env = set(values)
     for d in declared():
         given = getattr(ns, d.name, None)
         if given is not None:
             values[d.name] = given
+            from_env.discard(d.name)
     try:
         return AgentConfig(**values).validate()  # type: ignore[arg-type]
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+    except ConfigError as exc:
+        raise ConfigError(_as_given(str(exc), from_env)) from None
+
+
+def _as_given(message: str, from_env: set[str]) -> str:
+    """`message` (which names settings by their flags) with each setting that came from the environment named
+    by its variable: whoever set FREERIDE_X=-5 in an env file looks for FREERIDE_X, not for a flag never given."""
+    for d in declared():
+        if d.name in from_env:
+            message = re.sub(rf"(?<![\w-]){re.escape(d.flag)}(?![\w-])", d.env, message)
+    return message

@@ -22,6 +22,9 @@ from freeride.cli.common import UsageError
 
 PRICE_ENV = "FREERIDE_GPU_HOUR_PRICE"
 SLOWDOWN_ENV = "FREERIDE_TRAINING_SLOWDOWN"
+# No GPU-hour is sold for more (cloud list prices are a few to tens per hour): a larger price is a typo or an
+# exponent, and would print figures hundreds of digits long.
+MAX_GPU_HOUR_PRICE = 1_000_000.0
 NOT_MEASURED = ("slowdown not measured: net value unknown (declare it with --training-slowdown or "
                 f"{SLOWDOWN_ENV}, e.g. 0.5% as measured by `freeride bench overhead`)")
 
@@ -67,8 +70,9 @@ def _number(text: str) -> float:
 
 def _price(text: str, source: str) -> float:
     value = _number(text) if not text.strip().endswith("%") else math.nan
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{source} {text!r}: give the price of one GPU-hour as a number >= 0, e.g. 2.50")
+    if not math.isfinite(value) or not 0 <= value <= MAX_GPU_HOUR_PRICE:
+        raise UsageError(f"{source} {text!r}: give the price of one GPU-hour as a number >= 0 and at most "
+                         f"{MAX_GPU_HOUR_PRICE:,.0f}, e.g. 2.50")
     return value
 
 

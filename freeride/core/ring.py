@@ -10,7 +10,8 @@ address order:
 
 `stands_for`: how many iterations the edge's step stands for, 1 unless the trainer timed only some steps
 while the agent was quiet (freeride.trainer.waits, `quiet_sample_ns`); the agent weights its bubble
-counters by it. A writer passes it in the `kind` argument's upper bits (`kind_word`).
+counters by it. A writer passes it in the `kind` argument's upper bits (`kind_word`), at most MAX_STANDS_FOR;
+the agent also bounds the time it weights by what has passed (freeride.agent.control.idle).
 
 `commit` (the record's position + 1) is stored last, then the header's `head` (records written),
 so a trainer killed mid-write leaves a record the reader never takes; `check` (the other words
@@ -66,6 +67,7 @@ W_TAIL, W_SLEEP, W_QUIET = 8, 9, 10  # agent: records consumed; wait generation 
 W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; records written
 
 EDGE_START, EDGE_END = 1, 2
+MAX_STANDS_FOR = 1 << 20  # iterations one timed step may stand for (a trainer times one in seconds at least)
 _RECORD = struct.Struct("<8q")
 _CHECK = 0x5A5A_A5A5_0F0F_F0F0
 _ONE = (1).to_bytes(8, "little")

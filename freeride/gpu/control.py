@@ -46,17 +46,19 @@ class GpuSnapshot:
 
 class GpuControl:
     def __init__(self, device: Device | None, mps: Mps | None, *, gpu: int, thread_percentage: int = 0,
-                 no_mps_pipe_dir: Path = Path("/nonexistent/freeride-no-mps")) -> None:
+                 no_mps_pipe_dir: Path = Path("/nonexistent/freeride-no-mps"), green_sms: int = 0) -> None:
         self.device = device
         self.mps = mps
         self.gpu = gpu
         self._threads = thread_percentage
+        self._green_sms = green_sms
         self._no_mps_pipe = no_mps_pipe_dir
         self.probe: MemoryProbe = DeviceProbe(device) if device is not None else HostProbe()
 
     @classmethod
     def open(cls, gpu: int, fake_spec: str = "", mps_mode: str = "off", mps_program: str = "",
-             pipe_dir: Path | None = None, log_dir: Path | None = None, thread_percentage: int = 0) -> GpuControl:
+             pipe_dir: Path | None = None, log_dir: Path | None = None, thread_percentage: int = 0,
+             green_sms: int = 0) -> GpuControl:
         """Find the device; start or attach MPS. NoGpuError is logged once here and means CPU mode."""
         device: Device | None
         try:
@@ -80,7 +82,8 @@ class GpuControl:
             log.info("GPU %d: %s (%s), %.1f GiB, compute mode %s, MPS %s", i.index, i.name, i.uuid,
                      i.total_bytes / 2**30, device.compute_mode(), mps.state().label if mps else "off")
         no_mps = (pipe_dir.parent if pipe_dir is not None else Path("/nonexistent")) / "no-mps"
-        return cls(device, mps, gpu=gpu, thread_percentage=thread_percentage, no_mps_pipe_dir=no_mps)
+        return cls(device, mps, gpu=gpu, thread_percentage=thread_percentage, no_mps_pipe_dir=no_mps,
+                   green_sms=green_sms)
 
     def count_groups(self, group_of: Callable[[int], Path | None]) -> None:
         """CPU mode: measure a worker by its own cgroup's memory.current where `group_of(pid)` names one
@@ -113,6 +116,8 @@ class GpuControl:
         )
         if self.on_nvml:
             env["FREERIDE_DEVICE"] = "cuda:0"  # its one visible GPU
+        if self._green_sms > 0:
+            env["FREERIDE_GREEN_SMS"] = str(self._green_sms)  # the worker's kernels on that many SMs (worker/green.py)
         return env
 
     def client_started(self, pid: int) -> None:

@@ -28,7 +28,7 @@ import grpc
 
 from freeride.core.auth import token_interceptor
 from freeride.core.paths import socket_access_problem
-from freeride.core.ring import EDGE_END, EDGE_START, RingError, RingWriter
+from freeride.core.ring import EDGE_END, EDGE_START, MAX_STANDS_FOR, RingError, RingWriter, kind_word
 from freeride.trainer._ring import fetch_ring, park
 from freeride.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -40,6 +40,9 @@ assert (START, END) == (EDGE_START, EDGE_END)  # the ring carries the same numbe
 PATHS = ("auto", "grpc")
 _MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
 _HOLD_MAX = 256  # edges held at most before they are written (a quarter of a small ring at most: see hold)
+# The kinds the agent takes (freeride.agent.edge.bubble_checks.KINDS): any other number would be refused there, and
+# on the ring its upper bits would read as a weight (ring.kind_word), so the reporter refuses it first.
+_KINDS = frozenset(trainer_pb2.BubbleKind.values())
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,14 @@ class Pipeline:
     stages: int = 0  # p: ranks in the pipeline (0: not declared)
     microbatches: int = 0  # m: micro-batches per iteration (0: not declared)
     stages_per_rank: int = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
+
+
+def _is_kind(kind: object) -> bool:
+    """A freeride.v1.BubbleKind number (never raises: an unhashable `kind` is none)."""
+    try:
+        return isinstance(kind, int) and kind in _KINDS
+    except TypeError:
+        return False
 
 
 class BubbleReporter:
@@ -116,6 +127,8 @@ class BubbleReporter:
         self._stopping = threading.Event()
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._warned = False
+        self.refused_edges = 0  # edges whose kind or weight was not one the agent takes: dropped here
+        self._warned_kind = False
         self.refused = ""  # why the agent refused this rank (another stream reports it), until it accepts it
         self.refusals = 0  # how many times it did (the reporter keeps trying in the background)
         self._generation = 0
@@ -160,9 +173,16 @@ class BubbleReporter:
     # start() and end() are written out in full rather than sharing a helper: one more Python
     # call costs a fraction of a microsecond warm and more after the thread slept (cold caches).
     def start(self, slot: int, kind: int = 0, expected_duration_ns: int = 0, free_memory_bytes: int = 0,
-              time_ns: int = 0) -> None:
-        """The rank is about to wait: its GPU is idle from now (or from `time_ns`, CLOCK_MONOTONIC, if given)."""
+              time_ns: int = 0, stands_for: int = 1) -> None:
+        """The rank is about to wait: its GPU is idle from now (or from `time_ns`, CLOCK_MONOTONIC, if given).
+        `kind`: a freeride.v1.BubbleKind (another number is refused: the edge is dropped and counted in
+        `refused_edges`). `stands_for`: the iterations this step stands for, 1 unless untimed ones came before it."""
         now = time_ns or time.monotonic_ns()
+        # (off the hot path: a quiet step's weight, or a mistake; the class first: `in` raises for an unhashable)
+        if stands_for != 1 or kind.__class__ is not int or kind not in _KINDS:
+            kind = self._kind_word(kind, stands_for)
+            if kind < 0:
+                return
         if self._holding:
             held = self._held
             held.append((START, slot, self.iteration, now, expected_duration_ns, free_memory_bytes, kind))
@@ -194,9 +214,14 @@ class BubbleReporter:
             if shm is not None:
                 self._dropped += 1
 
-    def end(self, slot: int, kind: int = 0, time_ns: int = 0) -> None:
-        """The wait is over: the GPU is needed again from now (or from `time_ns`)."""
+    def end(self, slot: int, kind: int = 0, time_ns: int = 0, stands_for: int = 1) -> None:
+        """The wait is over: the GPU is needed again from now (or from `time_ns`); `kind` and `stands_for` as
+        its `start` said them."""
         now = time_ns or time.monotonic_ns()
+        if stands_for != 1 or kind.__class__ is not int or kind not in _KINDS:
+            kind = self._kind_word(kind, stands_for)
+            if kind < 0:
+                return
         if self._holding:
             held = self._held
             held.append((END, slot, self.iteration, now, 0, 0, kind))
@@ -227,6 +252,20 @@ class BubbleReporter:
         except Exception:
             if shm is not None:
                 self._dropped += 1
+
+    def _kind_word(self, kind: int, stands_for: int) -> int:
+        """The ring's kind word for a checked kind and weight (ring.kind_word), or -1: refused, counted, said once."""
+        if _is_kind(kind) and type(stands_for) is int and 1 <= stands_for <= MAX_STANDS_FOR:
+            return kind_word(int(kind), stands_for)
+        self.refused_edges += 1
+        if not self._warned_kind:
+            self._warned_kind = True
+            problem = (f"stands_for {stands_for!r} is not an iteration count in 1..{MAX_STANDS_FOR}"
+                       if _is_kind(kind) else
+                       f"kind {kind!r} is not a freeride.v1.BubbleKind ({', '.join(map(str, sorted(_KINDS)))})")
+            log.warning("rank %d: bubble edge refused: %s; such edges are dropped (training goes on) and counted in "
+                        "BubbleReporter.refused_edges; this is said once", self.rank, problem)
+        return -1
 
     @contextlib.contextmanager
     def bubble(self, slot: int, kind: int = 0) -> Iterator[None]:

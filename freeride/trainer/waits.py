@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from freeride.core.ring import kind_word
 from freeride.trainer.edges import EdgeClock, InlineClock
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import trainer_pb2
@@ -81,8 +80,9 @@ class WaitTracker:
     # after the last timed one began (0: every step). The integration asks `timed()` before a step and runs an
     # untimed one as a skipped step, with its hooks off where it can take them off (DeepSpeed's instruction
     # map): a profile needs the slots' lengths, not every iteration's, and a 20 ms step costs ~1/5 then. A timed
-    # step's edges say how many steps it stands for (itself and the untimed ones before it: ring.kind_word), and
-    # the agent weights its bubble counters (stats, /metrics) by that, so they stay whole.
+    # step's edges say how many steps it stands for (itself and the untimed ones before it: BubbleReporter's
+    # `stands_for`), and the agent weights its bubble counters (stats, /metrics) by that, so they stay whole
+    # (within the time that has passed: freeride.agent.control.idle).
     quiet_sample_ns: int = 0
     quiet_log: list[int] | None = None
     # (iteration, free bytes, log, the iterations it stands for)
@@ -237,20 +237,18 @@ class WaitTracker:
         reporter, last, minimum = self.reporter, self._last_ns, self.min_report_ns
         record = self.bubbles.append if self.record else None
         slot, seen_bwd = 0, False
-        between = kind_word(BETWEEN, stands_for)
         for direction, start, end in zip(log[0::3], log[1::3], log[2::3], strict=True):
             if direction == GAP:
-                reporter.start(BETWEEN_STEPS_SLOT, between, time_ns=start)
-                reporter.end(BETWEEN_STEPS_SLOT, between, time_ns=end)
+                reporter.start(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=start, stands_for=stands_for)
+                reporter.end(BETWEEN_STEPS_SLOT, BETWEEN, time_ns=end, stands_for=stands_for)
                 if record is not None:
                     record(BubbleRecord(iteration, BETWEEN_STEPS_SLOT, BETWEEN, start, end, True))
                 continue
             kind, seen_bwd = _classify(direction, seen_bwd)
             report = last.get(slot, minimum) >= minimum
             if report:
-                word = kind_word(kind, stands_for)
-                reporter.start(slot, word, free_memory_bytes=free, time_ns=start)
-                reporter.end(slot, word, time_ns=end)
+                reporter.start(slot, kind, free_memory_bytes=free, time_ns=start, stands_for=stands_for)
+                reporter.end(slot, kind, time_ns=end, stands_for=stands_for)
             last[slot] = end - start
             if record is not None:
                 record(BubbleRecord(iteration, slot, kind, start, end, report))

@@ -30,14 +30,16 @@ from freeride.core.cpu import Placement, apply_from_env
 from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
 from freeride.core.window import WindowReader
-from freeride.errors import TaskRefError, TaskStop, Unavailable
+from freeride.errors import PermanentError, TaskRefError, TaskStop, Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
+from freeride.worker import green
 from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import PlumbingError, Shared, StepGate
+from freeride.worker.leftovers import kill_own_leftovers
 from freeride.worker.offwindow import OffWindow
 
 log = logging.getLogger("freeride.worker")
@@ -46,7 +48,8 @@ _CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any ot
 
 
 class _CheckpointFormatError(Exception):
-    """The task's checkpoint was written in a format this worker does not read."""
+    """The task's checkpoint was written in a format this worker does not read, or its task says (PermanentError)
+    that it cannot resume from it: a retry would read the same file."""
 
 
 class _CheckpointError(Exception):
@@ -111,6 +114,8 @@ class Worker:
             return 1
         try:
             code = self._run_task(setup)
+            if self._s.lost:  # (its checkpoint is taken) nobody else may end what the task left: records.py
+                kill_own_leftovers()
         finally:
             self._out.put(None)
             reader.join(timeout=5)
@@ -135,6 +140,9 @@ class Worker:
         except TaskRefError as exc:
             self._plumbing_intact()
             return self._fail(str(exc), retryable=False)
+        except PermanentError as exc:
+            self._plumbing_intact()
+            return self._fail(f"the task's constructor: {exc}", retryable=False)
         except Exception as exc:
             self._plumbing_intact()
             return self._fail(f"constructing the task raised {type(exc).__name__}: {exc}", retryable=False)
@@ -156,8 +164,13 @@ class Worker:
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
         try:
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)
+            if said := green.enter(_int(os.environ.get("FREERIDE_GREEN_SMS", "")), task.context.device):
+                log.info("%s", said)
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
+        except PermanentError as exc:  # the task knows a restart would meet it again: no restart
+            self._plumbing_intact()
+            return self._fail(f"setup(): {exc}", retryable=False)
         except Exception as exc:
             self._plumbing_intact()
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
@@ -200,6 +213,8 @@ class Worker:
             where = "run()" if kind == "imperative" else "is_done()"
             return self._fail(f"{where} raised Unavailable ({exc.reason}); Unavailable is for IterativeTask.step(): "
                               "raise it there to wait for a resource without holding a window", retryable=False)
+        except PermanentError as exc:
+            return self._fail(f"{'run' if kind == 'imperative' else 'step'}(): {exc}", retryable=False)
         except SystemExit as exc:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() called sys.exit({exc.code})")
         except Exception as exc:
@@ -304,8 +319,9 @@ class Worker:
         except OSError as exc:
             with contextlib.suppress(OSError):  # a partial file: its space goes back (the previous checkpoint stays)
                 tmp.unlink()
-            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc) if disk.is_full(exc) \
-                else ""
+            # (checkpoints live in the state directory's checkpoints/: freeride.agent.engine.streams)
+            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc, path.parent.parent) \
+                if disk.is_full(exc) else ""
             raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}", disk_full=full) from exc
         except Exception as exc:  # pickle's errors: PicklingError, TypeError, AttributeError
             with contextlib.suppress(OSError):
@@ -334,6 +350,9 @@ class Worker:
             )
         try:
             self.task.load_state_dict(payload["state"])
+        except PermanentError as exc:
+            raise _CheckpointFormatError(f"load_state_dict(): {exc} (restoring {path}; move it away to start the "
+                                         "task from scratch)") from exc
         except Exception as exc:
             raise _CheckpointError(
                 f"load_state_dict() raised {type(exc).__name__}: {exc} (restoring {path}; move it away to start "
@@ -373,10 +392,14 @@ def _die(reason: str) -> NoReturn:
 
 def _gpu_index(raw: str) -> int:
     """FREERIDE_GPU as the agent set it; -1 when absent or not a number (a worker started by hand)."""
+    return _int(raw, -1)
+
+
+def _int(raw: str, default: int = 0) -> int:
     try:
         return int(raw)
     except ValueError:
-        return -1
+        return default
 
 
 _torch_limited = False

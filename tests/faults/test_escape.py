@@ -8,13 +8,15 @@ watchdog's tick): the escapee dies with its task once it is written down.
 
 Bug 27: after a `kill -9` of the agent, the escapee outlived it, the restarted agent ("1 still hold
 processes") and that agent's SIGTERM. A restarted agent now kills what its predecessor's workers left
-(their cgroups; without cgroups, their records) before it restarts their tasks.
+(their cgroups) before it restarts their tasks; a worker that lost its agent kills what its record names
+(round 3, item 3: a new agent no longer trusts records, which a task can write).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,7 +137,9 @@ def test_without_cgroups_a_recorded_escapee_dies_with_its_task_and_a_marked_one_
 
 
 @pytest.mark.parametrize("cgroups", ["auto", "off"])
-def test_a_restarted_agent_kills_what_the_workers_of_its_killed_predecessor_left(tmp_path: Path, cgroups: str) -> None:
+def test_a_worker_that_lost_its_agent_kills_what_its_task_left(tmp_path: Path, cgroups: str) -> None:
+    """After a `kill -9` of the agent, the worker checkpoints and, before it exits, kills the escapee (a new agent
+    no longer kills by records: a task can write them, round 3 item 3); the restarted agent restarts the task."""
     state = tmp_path / "state"
     if cgroups == "auto" and _cgroup_root(state) is None:
         pytest.skip(f"cgroups not writable here ({open_cgroups(state)[1]})")
@@ -147,16 +151,35 @@ def test_a_restarted_agent_kills_what_the_workers_of_its_killed_predecessor_left
                 _recorded(state, pid)
             with agent.client() as c:
                 worker = c.get(task_id).pid
-            agent.kill9()  # its worker checkpoints and exits; the escapee stays
-            assert wait_gone([worker], 30) == [] and psutil.pid_exists(pid)
+            agent.kill9()  # its worker checkpoints, kills what its task left, and exits
+            assert wait_gone([worker, pid], 30) == [], "the escapee outlived its worker, whose agent was killed"
             agent = AgentProcess(state_dir=state, extra_args=FAST, env=env).start()
-            # Killed before the agent serves (a pidfd wait: the kill is done, its reaping is init's).
-            assert wait_gone([pid], 5) == [], "the escapee outlived the restart"
-            assert "killed 1 process(es) the workers of a previous agent left running" in agent.log_path.read_text()
             with agent.client() as c:  # and its task came back, a new worker of its own
                 info = wait_for_task(c, task_id, [S.TASK_STATE_READY])
             assert info.pid not in (0, worker)
             assert agent.stop() == 0, agent.log_tail()
             assert ProcRecords(state / "run" / "workers").left() == {}
+    finally:
+        agent.stop()
+
+
+def test_a_restarted_agent_kills_what_a_killed_worker_left_in_its_cgroup(tmp_path: Path, cgroup_root: Path) -> None:
+    """The worker killed too (it cannot clean up): what its task left is still in its cgroup, which the restarted
+    agent kills before it restarts the task. (Without cgroups nothing proves such a process was the task's.)"""
+    state = tmp_path / "state"
+    agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+    try:
+        with _escapee(agent, tmp_path, steps=0) as (task_id, pid):
+            with agent.client() as c:
+                worker = c.get(task_id).pid
+            os.kill(worker, signal.SIGSTOP)  # it must not see its agent go
+            agent.kill9()
+            os.kill(worker, signal.SIGKILL)
+            assert wait_gone([worker], 30) == [] and psutil.pid_exists(pid)
+            agent = AgentProcess(state_dir=state, extra_args=FAST).start()
+            # Killed before the agent serves (a pidfd wait: the kill is done, its reaping is init's).
+            assert wait_gone([pid], 5) == [], "the escapee outlived the restart"
+            assert "killed 1 process(es) the workers of a previous agent left running" in agent.log_path.read_text()
+            assert agent.stop() == 0, agent.log_tail()
     finally:
         agent.stop()

@@ -228,6 +228,7 @@ def test_the_client_example_drives_the_agent_from_the_environment(agent: AgentPr
     assert wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_CANCELLED], 60).state == tasks_pb2.TASK_STATE_CANCELLED
     out = capsys.readouterr().out
     assert out.startswith(f"submitted task {task.id}\n")
+    assert f"\n{task.id} kmeans " in out, out  # the listing shows it: the example waited until it was READY
     assert out.splitlines()[-1].startswith("refused: ")  # the example catches InvalidStateError, a FreerideError
 
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import psutil
@@ -189,3 +190,18 @@ def test_a_file_reference_is_pinned_to_its_real_path_at_submit_so_a_swapped_syml
     drive(agent, bubbles(4, [20.0]))
     after = wait_for_info(client, task.id, lambda i: i.progress["count"] > before)
     assert after.progress["version"] == 1  # still the code that was checked, not v2's
+
+
+def test_sighup_is_ignored_with_a_line_and_sigterm_still_stops_in_order(tmp_path: Path):
+    """Round 3, item 4: one SIGHUP (a closed terminal) ended the agent at once: no line, no final write."""
+    agent = AgentProcess(state_dir=tmp_path / "state", extra_args=FAST).start()
+    try:
+        assert agent.proc is not None
+        agent.proc.send_signal(signal.SIGHUP)
+        with agent.client() as c:
+            c.wait_ready(10)  # (a SIGHUP not handled yet would still end it before the SIGTERM below: lower first)
+    finally:
+        code = agent.stop()
+    log = agent.log_path.read_text()
+    assert code == 0, agent.log_tail()
+    assert "SIGHUP ignored" in log and "agent stopped" in log, agent.log_tail()

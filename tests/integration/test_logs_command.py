@@ -115,3 +115,23 @@ def test_an_agent_with_a_relative_state_dir_names_logs_absolutely_and_an_empty_l
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_the_agent_keeps_the_logs_of_all_tasks_under_log_total_bytes_removing_the_oldest(tmp_path: Path) -> None:
+    """--log-total-bytes reaches the agent's log writer: three tasks of ~100 KiB of output each (each under its
+    own cap of twice --log-max-bytes) pass the total together; the first task's files go, the last's stay."""
+    cap, total = 64 * 1024, 128 * 1024
+    args = [*FAST, "--log-max-bytes", str(cap), "--log-total-bytes", str(total)]
+    with AgentProcess(state_dir=tmp_path / "state", extra_args=args) as agent, agent.client() as client, \
+            BackgroundTrainer(agent, [20.0]):
+        done = []
+        for _ in range(3):  # one after another: the least recently written files are the first task's
+            task = client.submit(S.TaskSpec(ref=CHATTY, args={"steps": "60", "lines_per_step": "150"}))
+            done.append(wait_for_task(client, task.id, [S.TASK_STATE_DONE], 60))
+        logs = tmp_path / "state" / "logs"
+        sizes = {p.name: p.stat().st_size for p in logs.glob("task-*.log*")}
+        assert sum(sizes.values()) <= total, sizes
+        first, last = (Path(info.log_path).name for info in (done[0], done[-1]))
+        assert not any(name.startswith(first) for name in sizes), sizes  # the oldest output went first
+        assert last in sizes
+        assert (logs / last).read_text().endswith("line 8999\nlast line\n")  # the newest output is kept

@@ -6,6 +6,7 @@ What a scrape shows is what `freeride stats` shows: the same ledger read at scra
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -13,8 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST, bubbles, drive, free_port
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+from prometheus_support import need_prometheus
 
 from freeride.agent.control.histogram import Histogram
 from freeride.agent.edge.metrics import Snapshot, families
@@ -230,3 +235,48 @@ def test_training_time_counts_while_a_trainer_is_connected_and_is_kept_in_the_le
         assert value(scrape(port), "freeride_training_seconds_total", gpu="0") == closed
     with AgentProcess(state_dir=state, extra_args=FAST) as again, again.client() as client:
         assert client.stats().gpu.training_s == pytest.approx(closed, abs=1e-9)
+
+
+def render(snap: Snapshot) -> str:
+    """The text a scrape of `snap` returns."""
+    registry = CollectorRegistry()
+    registry.register(_Fixed(snap))
+    return generate_latest(registry).decode()
+
+
+class _Fixed(Collector):
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.snap)
+
+
+def test_the_quantile_families_are_summaries_and_pass_promtool():
+    """A `quantile` label belongs to a summary: on a gauge, promtool check metrics fails the scrape (exit 3)."""
+    need_prometheus()
+    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats(prediction_error_p50=0.1, event_delay_us_p50=20,
+                                                           event_delay_us_p99=90))
+    text = render(Snapshot(stats, Histogram()))
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    types = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert types["freeride_bubble_event_delay_seconds"] == types["freeride_bubble_prediction_error_ratio"] == "summary"
+    m = {f.name: {(s.name, s.labels["quantile"]): s.value for s in f.samples}
+         for f in text_string_to_metric_families(text) if f.type == "summary"}
+    assert m["freeride_bubble_event_delay_seconds"] == {("freeride_bubble_event_delay_seconds", "0.5"): 2e-05,
+                                                        ("freeride_bubble_event_delay_seconds", "0.99"): 9e-05}
+    assert m["freeride_bubble_prediction_error_ratio"] == {("freeride_bubble_prediction_error_ratio", "0.5"): 0.1}
+
+
+def test_control_characters_in_a_task_name_are_escaped_in_its_labels():
+    """A task's name is whoever submitted it's text: an ESC in a label would recolour the terminal that reads
+    a scrape (curl, promtool's output), a NUL or a line separator confuse the tools that read it."""
+    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats())
+    task = stats.tasks.add(id="1", state=tasks_pb2.TASK_STATE_READY)
+    task.spec.name = "evil\x1b[31mname\u2028\x00"
+    text = render(Snapshot(stats, Histogram()))
+    names = {s.labels["task_name"] for f in text_string_to_metric_families(text) for s in f.samples
+             if "task_name" in s.labels}
+    assert names == {"evil\\x1b[31mname\\u2028\\x00"}
+    assert not any(c in text for c in "\x1b\x00\u2028")

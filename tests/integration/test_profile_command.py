@@ -101,3 +101,13 @@ def test_a_file_that_is_no_recording_is_one_line(tmp_path):
     assert "not a freeride profile recording" in line
     line = assert_usage_error(freeride("profile", "--from", tmp_path / "missing.json"))
     assert "cannot read" in line
+
+
+def test_an_endless_or_deeply_nested_file_is_one_line(tmp_path):
+    """`--from /dev/zero` read forever; a deeply nested file printed a RecursionError traceback."""
+    line = assert_usage_error(freeride("profile", "--from", "/dev/zero", timeout=60))
+    assert "/dev/zero is larger than 64.0 MiB" in line, line
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    line = assert_usage_error(freeride("profile", "--from", deep))
+    assert "nested too deeply" in line, line

@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,15 @@ def test_every_dashboard_and_rule_query_returns_data_and_alerts_fire(tmp_path: P
             until("every query answered", all_answered, 45)
         except TimeoutError:
             pytest.fail("queries without data:\n" + "\n".join(f"{n}: {e}" for n, e in empty.items()))
+
+        # What Prometheus scraped passes its own linter: a type and its labels agree (a gauge with a `quantile`
+        # label failed it), names and help are as promtool expects.
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                scraped = reply.read().decode()
+            done = subprocess.run(["promtool", "check", "metrics"], input=scraped, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
 
         # Both nodes are seen, and the value figures are empty while nothing is declared: never assumed zero.
         nodes = {r["metric"]["node"] for r in prom.query("sum by (node) (freeride_bubble_seconds_total)")}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from sidetask_harness import checkpoint, progress, resumed, started
 
 from sidetasks.evaluate import Evaluate
 from sidetasks.models import byte_decoder, lm_loss
@@ -37,11 +38,22 @@ def save(model: torch.nn.Module, path: Path) -> None:
     tmp.rename(path)
 
 
+def run(task: Evaluate, steps: int | None = None) -> int:
+    """Run `steps` steps, or until done, each followed by the end of the checkpoint read it may have begun (a
+    step never waits for one: the worker grants the next window meanwhile); returns the steps run."""
+    n = 0
+    while not task.is_done() and (steps is None or n < steps):
+        task.step()
+        assert task.reader.wait(60), "a checkpoint read did not end"
+        n += 1
+    return n
+
+
 def steps_until(task: Evaluate, out: Path, count: int, limit: int = 2000) -> int:
     for n in range(limit):
         if len(lines(out)) >= count:
             return n
-        task.step()
+        run(task, steps=1)
     raise AssertionError(f"no line {count} after {limit} steps")
 
 
@@ -101,7 +113,11 @@ def test_a_crash_mid_evaluation_resumes_from_the_checkpoint_and_writes_one_line(
     whole = started(Evaluate(**{**args, "out": str(tmp_path / "whole.jsonl")}), tmp_path)
     run(whole)
     first = started(Evaluate(**args), tmp_path)
-    run(first, steps=5)
+    for _ in range(200):  # the read, then the copy into the model (a piece a step), then the first batch
+        if progress(first).get("current_done", 0) > 0:
+            break
+        run(first, steps=1)
+    run(first, steps=4)  # five batches in all
     saved = checkpoint(first)
     assert 0 < progress(first)["current_done"] < 1
     second = resumed(Evaluate(**args), saved, tmp_path)
@@ -150,3 +166,51 @@ def test_bad_arguments_are_refused_at_submit_in_one_line(tmp_path: Path) -> None
         with pytest.raises(ValueError, match=message) as exc:
             Evaluate.check_args(**kwargs)
         assert "\n" not in str(exc.value)
+
+
+def test_a_step_never_reads_a_checkpoint_and_the_step_time_is_learnt_from_units_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 154 MB checkpoint loaded inside one step overran its bubble by 273 ms, then the task waited with `its
+    steps (p95 217.7 ms) do not fit any bubble` and wrote no line (round 3, item 6). Here the read blocks until the
+    test lets it go: every step meanwhile returns at once, and the declared step time never counts the read."""
+    ckpts, out = tmp_path / "ckpts", tmp_path / "evals.jsonl"
+    ckpts.mkdir()
+    data = tmp_path / "heldout.txt"
+    data.write_bytes(Path(json.__file__).read_bytes()[:3000])
+    task = started(Evaluate(checkpoints=str(ckpts), data=str(data), out=str(out), seq_len=64, batch=4, count=1),
+                   tmp_path, window_s=0.005)
+    save(byte_decoder(), ckpts / "big.pt")
+    let_go, real_load = threading.Event(), torch.load
+
+    def slow_load(*args: object, **kwargs: object) -> object:
+        let_go.wait()  # the disk and the unpickling of a file of gigabytes
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", slow_load)
+    try:
+        for _ in range(3):
+            stepping = threading.Thread(target=task.step, daemon=True)
+            stepping.start()
+            stepping.join(30)
+            assert not stepping.is_alive(), "a step waited for the checkpoint being read"
+        assert lines(out) == [] and task.min_step_s() is None  # no unit yet: the read is no unit
+    finally:
+        let_go.set()
+    steps_until(task, out, 1)
+    declared = task.min_step_s()
+    assert declared is not None and declared < 1.0  # batches and pieces of the copy (ms), not the read
+    assert lines(out)[0]["checkpoint"] == "big.pt"
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_skipped_until_it_changes(tmp_path: Path) -> None:
+    ckpts, out = tmp_path / "ckpts", tmp_path / "evals.jsonl"
+    ckpts.mkdir()
+    data = tmp_path / "heldout.txt"
+    data.write_bytes(Path(json.__file__).read_bytes()[:3000])
+    task = started(Evaluate(checkpoints=str(ckpts), data=str(data), out=str(out), seq_len=64, batch=4), tmp_path)
+    torch.save({"model": {"embed.weight": torch.zeros(3, 3)}}, ckpts / "other.pt")
+    run(task, steps=3)
+    assert lines(out) == [] and task.current is None
+    save(byte_decoder(), ckpts / "other.pt")  # rewritten: it changed, and fits
+    steps_until(task, out, 1)

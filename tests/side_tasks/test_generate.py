@@ -20,15 +20,17 @@ import torch
 from conftest import BackgroundTrainer
 from sidetask_harness import checkpoint, progress, resumed, run, started, wait_for_checkpointed
 
-from freeride import TaskContext
+from freeride import PermanentError, TaskContext
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 from sidetasks.decoding import Decoder, Prompt, Sampling
-from sidetasks.generate import Generate, read_prompts
+from sidetasks.generate import Generate
 from sidetasks.models import byte_decoder
+from sidetasks.prompts import read_prompts
 
 S = tasks_pb2
+UNDECLARED = f"{Path(__file__).parents[1] / 'tasks' / 'undeclared_model.py'}:byte_decoder"  # no limits at submit
 WORDS = ["def", "class", "import", "return", "while", "lambda", "yield", "with"]
 
 
@@ -161,6 +163,44 @@ def test_bad_arguments_are_refused_at_submit_in_one_line(tmp_path: Path, prompts
     Generate.check_args(prompts=str(prompts), max_new_tokens=4)
 
 
+def test_prompts_the_model_cannot_take_are_refused_at_submit_naming_the_file(tmp_path: Path) -> None:
+    """A 1 MiB prompt, an empty one and token ids out of range were accepted, then failed the worker three times;
+    a prompts file that is not UTF-8 gave a bare codec error naming no file (round 3, item 7)."""
+    cases = {
+        "long": (json.dumps({"id": "big", "prompt": "x" * (1 << 20)}), "prompt 'big': 1048576 tokens"),
+        "empty": (json.dumps({"id": "e", "prompt": ""}), "line 1: prompt 'e' is empty"),
+        "no tokens": (json.dumps({"id": "e", "tokens": []}), "line 1: prompt 'e' is empty"),
+        "range": (json.dumps({"id": "r", "tokens": [1, 256]}),
+                  "prompt 'r': token 256 is outside the model's ids 0..255"),
+        "negative": (json.dumps({"id": "n", "tokens": [-3]}), "line 1: prompt 'n': tokens must be ids >= 0"),
+        "not ids": (json.dumps({"id": "s", "tokens": ["a"]}), "line 1: prompt 's': tokens must be ids >= 0"),
+        "not text": (json.dumps({"id": "t", "prompt": 5}), "line 1: prompt 't': \"prompt\" must be text"),
+    }
+    for name, (line, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.jsonl"
+        path.write_text(line + "\n")
+        with pytest.raises(ValueError, match=message) as exc:
+            Generate.check_args(prompts=str(path))
+        assert str(path) in str(exc.value) and "\n" not in str(exc.value), exc.value
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt line 1: not UTF-8") as exc:
+        Generate.check_args(prompts=str(latin))
+    assert "UTF-8" in str(exc.value)
+
+
+def test_a_prompt_found_too_long_only_at_setup_fails_at_once_without_a_restart(tmp_path: Path) -> None:
+    """What only the loaded model can tell (its positions, its vocabulary) is a PermanentError in setup()."""
+    prompts = tmp_path / "prompts.jsonl"
+    model = UNDECLARED
+    for line, message in [({"id": "big", "prompt": "x" * 2000}, "prompt 'big': 2000 tokens"),
+                          ({"id": "r", "tokens": [300]}, "prompt 'r': token 300 is outside the model's ids 0..255")]:
+        prompts.write_text(json.dumps(line) + "\n")
+        Generate.check_args(prompts=str(prompts), model=model)  # the factory declares nothing: accepted
+        with pytest.raises(PermanentError, match=message):
+            started(Generate(prompts=str(prompts), out=str(tmp_path / "out.jsonl"), model=model), tmp_path)
+
+
 # -- through a real agent -------------------------------------------------------------------------------------------
 def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     agent: AgentProcess, client: AgentClient, tmp_path: Path
@@ -181,6 +221,18 @@ def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     assert out.read_text().startswith(written[: written.rfind("\n") + 1])  # nothing written before the kill changed
     assert sorted(completions(out)) == sorted(f"q{i}" for i in range(60))  # every prompt, each once
     assert done.progress["prompts_done"] == 60 and done.progress["batch"] == 4 and done.progress["tokens_per_s"] > 0
+
+
+def test_a_prompt_the_loaded_model_cannot_take_fails_the_task_with_no_restart(
+    agent: AgentProcess, client: AgentClient, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "r", "tokens": [300]}) + "\n")
+    args = {"prompts": str(prompts), "out": str(tmp_path / "out.jsonl"), "model": UNDECLARED}
+    info = client.submit(S.TaskSpec(ref="sidetasks.generate:Generate", args=args))
+    failed = wait_for_task(client, info.id, [S.TASK_STATE_FAILED], timeout_s=90)
+    assert failed.restarts == 0, failed.reason
+    assert failed.reason == f"setup(): prompts={prompts}: prompt 'r': token 300 is outside the model's ids 0..255"
 
 
 def eos_decoder() -> torch.nn.Module:

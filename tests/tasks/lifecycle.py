@@ -12,6 +12,8 @@ from typing import Any
 
 from behaviours import Counter  # beside this file: task files import their neighbours
 
+from freeride import PermanentError
+
 
 class SlowCheckpoint(Counter):
     """A Counter whose state_dict() takes `checkpoint_s` (a large state being gathered and pickled).
@@ -86,3 +88,20 @@ class ClosesFdsWhenBuilt(Counter):
         super().setup()
         if self.where == "setup":
             os.closerange(3, 1024)
+
+
+class CannotRunHere(Counter):
+    """setup() (or, with `where="step"`, the first step) finds the task cannot run: a restart would meet it again."""
+
+    def __init__(self, where: str = "setup") -> None:
+        super().__init__()
+        self.where = where
+
+    def setup(self) -> None:
+        if self.where == "setup":
+            raise PermanentError("prompts.jsonl line 3: an empty prompt")
+
+    def step(self) -> None:
+        if self.where == "step":
+            raise PermanentError("item 7 holds token 300; the model's ids are 0..255")
+        super().step()

@@ -187,8 +187,10 @@ class FakeProbe:
 class Rig:
     """A supervisor with its task table and scheduler, a fake launcher and probe, and manual timers."""
 
-    def __init__(self, state_dir: Path, offload: Offload | None = None, **config: Any) -> None:
-        """`offload`: where the watchdog's reads run (default: inline, on the loop)."""
+    def __init__(self, state_dir: Path, offload: Offload | None = None, free_bytes: Callable[[], int] | None = None,
+                 **config: Any) -> None:
+        """`offload`: where the watchdog's reads run (default: inline, on the loop); `free_bytes()`: the state
+        disk's free space (default: `state_dir`'s file system's)."""
         self.timers = ManualTimers()
         self.changes: list[tuple[str, TaskState, Change]] = []
         self.table = TaskTable(lambda rec, change: self.changes.append((rec.id, rec.state, change)))
@@ -201,7 +203,8 @@ class Rig:
         defaults: dict[str, Any] = {"state_dir": state_dir, "max_restarts": 3, "restart_backoff_s": 1.0}
         self.config = AgentConfig(**{**defaults, **config})
         self.sup = Supervisor(self.config, self.table, self.memory, self.launcher, self.scheduler,
-                              call_later=self.timers.call_later, offload=offload or InlineOffload())
+                              call_later=self.timers.call_later, offload=offload or InlineOffload(),
+                              free_bytes=free_bytes)
         self.streams = self.sup.streams  # what the workers say (their streams' messages)
         self.watchdog = self.sup.watchdog
         self._ids = itertools.count(1)

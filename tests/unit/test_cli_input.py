@@ -5,6 +5,7 @@ Nothing here starts an agent; tests/integration/test_cli_output.py proves the sa
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import socket
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.cli import _agents, app
+from freeride.cli import _agents, app, tasks
 from freeride.cli.common import message_dict, print_json
 from freeride.v1 import tasks_pb2
 
@@ -214,3 +215,20 @@ def test_health_and_json_listing_load_no_table_library_and_no_benchmark():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_submit_takes_flags_after_the_reference_and_between_its_arguments(capsys, monkeypatch):
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(tasks, "cmd_submit", lambda ns: seen.append(ns) or 0)  # what the command was given
+    argv = ["submit", "t.py:T", "--mem", "4GiB", "n=1", "--name", "x", "lr=0.1", "--no-mps"]
+    assert run_cli(capsys, *argv) == (0, "", "")
+    assert run_cli(capsys, "submit", "--mem", "4GiB", "t.py:T", "n=1") == (0, "", "")  # as before
+    (ns, before) = seen
+    assert (ns.ref, ns.args, ns.mem, ns.name, ns.no_mps) == ("t.py:T", ["n=1", "lr=0.1"], "4GiB", "x", True)
+    assert (before.ref, before.args, before.mem) == ("t.py:T", ["n=1"], "4GiB")
+
+
+def test_an_unknown_flag_after_the_reference_is_still_a_usage_line(capsys):
+    line = usage_line(capsys, "submit", "t.py:T", "n=1", "--memory", "4GiB")
+    assert "unrecognized arguments: --memory 4GiB" in line, line
+    assert "unrecognized arguments: x" in usage_line(capsys, "ls", "x")

@@ -15,6 +15,7 @@ from freeride.agent.domain.events import (
     Waiting,
     WindowDone,
     WindowRecord,
+    WorkerSetup,
 )
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
 from freeride.agent.domain.views import GpuMemory
@@ -25,6 +26,8 @@ from freeride.agent.edge.convert import (
     edge_from_pb,
     event_to_pb,
     gpu_memory_to_pb,
+    setup_to_pb,
+    spec_to_pb,
     task_to_pb,
     window_to_pb,
     worker_message_from_pb,
@@ -99,3 +102,14 @@ def test_unbounded_usable_memory_is_minus_one_on_the_wire() -> None:
     m = GpuMemory(mode="cpu", mps="off", side_tasks_used_bytes=0, side_tasks_reserved_bytes=0, usable_bytes=None,
                   headroom_bytes=0, waiting_tasks=0)
     assert gpu_memory_to_pb(m).usable_bytes == -1
+
+
+def test_every_answer_masks_a_password_and_only_the_worker_setup_carries_it() -> None:
+    """spec_to_pb is the one place a stored spec becomes a reply (`ls --json`, `show --json`, Watch)."""
+    url = "redis://:hunter2@redis-host:6379/0/pool"
+    shown = spec_to_pb(TaskSpec(name="p", ref="m:P", args={"pool": url, "n": "3"}))
+    assert dict(shown.args) == {"pool": "redis://:***@redis-host:6379/0/pool", "n": "3"}
+    assert b"hunter2" not in shown.SerializeToString()
+    setup = setup_to_pb(WorkerSetup(task_ref="m:P", args={"pool": url}, checkpoint_path="", checkpoint_interval_s=0.0,
+                                    mem_limit_bytes=0))
+    assert setup.setup.args["pool"] == url

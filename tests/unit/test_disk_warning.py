@@ -54,3 +54,26 @@ def test_a_full_disk_is_told_apart_from_other_errors() -> None:
     reason = disk.wait_reason("its checkpoint cannot be written to", "/s/checkpoints",
                               OSError(errno.ENOSPC, "No space left on device"))
     assert reason.startswith(f"{disk.WAIT_PREFIX}: ") and "(No space left on device)" in reason
+
+
+def test_a_full_disk_says_whose_space_it_is_and_sends_to_rm_prune_only_when_freeride_holds_a_share(
+    tmp_path: Path,
+) -> None:
+    """Filled by something else, `freeride rm/prune` cannot help: the reason says so, naming the file system."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with small_disk(tmp_path / "disk", 4 * MiB) as mount:
+        state = mount / "state"
+        (state / "checkpoints").mkdir(parents=True)
+        fill(mount / "someone-else")
+        reason = disk.wait_reason("its checkpoint cannot be written to", state / "checkpoints", full, state)
+        assert reason.startswith(f"{disk.WAIT_PREFIX}: its checkpoint cannot be written to {state / 'checkpoints'} "
+                                 "(No space left on device); ")
+        assert f"the file system at {mount} has 0 B free of 4.0 MiB" in reason, reason
+        assert f"freeride's state {state} holds only 0 B of the 4.0 MiB used: something else filled it" in reason
+        assert "rm/prune" not in reason
+
+        (mount / "someone-else").unlink()
+        fill(state / "checkpoints" / "task-1.ckpt")  # freeride's own state filled it
+        reason = disk.wait_reason("its checkpoint cannot be written to", state / "checkpoints", full, state)
+        assert f"freeride's state {state} holds 4.0 MiB of it: free space (freeride rm/prune)" in reason, reason
+        assert "something else" not in reason

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride.core.private import create_private, private_dir
+from freeride.core.private import create_private, private_dir, tighten
 
 
 def mode(path: Path) -> int:
@@ -38,3 +38,26 @@ def test_an_existing_directory_keeps_its_mode_and_a_file_in_the_way_is_an_error(
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError):
         private_dir(tmp_path / "file")
+
+
+def test_tighten_takes_group_and_other_bits_off_everything_and_follows_no_symlink(tmp_path: Path) -> None:
+    """A state directory made wide (by hand, by an older freeride) is tightened at start: every path below it."""
+    root = tmp_path / "state"
+    (root / "logs").mkdir(parents=True)
+    (root / "logs" / "task-1.log").write_text("x")
+    (root / "secrets").mkdir()
+    (root / "secrets" / "task-1.json").write_text("{}")
+    outside = tmp_path / "outside"
+    outside.write_text("not ours")
+    (root / "link").symlink_to(outside)
+    for path in (root, root / "logs", root / "secrets"):
+        os.chmod(path, 0o755)
+    for path in (root / "logs" / "task-1.log", root / "secrets" / "task-1.json", outside):
+        os.chmod(path, 0o664)
+    changed = dict(tighten(root))
+    assert {p: mode(p) for p in (root, root / "logs", root / "secrets")} == dict.fromkeys(
+        (root, root / "logs", root / "secrets"), 0o700)
+    assert mode(root / "logs" / "task-1.log") == mode(root / "secrets" / "task-1.json") == 0o600
+    assert mode(outside) == 0o664, "a symlink was followed out of the state directory"
+    assert changed[root / "secrets" / "task-1.json"] == 0o664 and root / "link" not in changed
+    assert tighten(root) == [], "a second pass changed what the first had tightened"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,45 @@ def test_an_iteration_is_the_period_per_iteration_when_only_some_steps_were_time
     [stage] = analysis.profile(rec)
     assert stage.iterations == 4 and stage.iteration_ms == pytest.approx(20.0)
     assert stage.bubble_fraction == pytest.approx(8 / 20)
+
+
+def _recording_doc(**over: object) -> dict:
+    doc = {"format": recording.FORMAT, "version": recording.VERSION, "trainers": [], "task_steps": {},
+           "bubbles": [{"gpu": 0, "rank": 0, "slot": 0, "iteration": 1, "start_ns": 10, "end_ns": 20, "kind": 0}]}
+    return {**doc, **over}
+
+
+def test_a_recording_larger_than_the_cap_is_refused_without_reading_it_all(tmp_path: Path):
+    """`--from /dev/zero` read forever: the file is read up to the cap and refused past it, naming both."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 2048)
+    with pytest.raises(ValueError, match=r"big\.json.*larger than 1\.0 KiB") as err:
+        recording.load(big, max_bytes=1024)
+    assert "--record" in str(err.value)
+    with pytest.raises(ValueError, match="/dev/zero"):
+        recording.load(Path("/dev/zero"), max_bytes=1 << 20)  # endless: refused at the cap
+
+
+def test_a_deeply_nested_recording_is_a_value_error_not_a_recursion_error(tmp_path: Path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match=r"deep\.json.*nested too deeply"):
+        recording.load(deep)
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"bubbles": [{"gpu": 0, "rank": 0, "slot": 0, "iteration": 1, "start_ns": 20, "end_ns": 10, "kind": 0}]},
+     "ends before it starts"),
+    ({"task_steps": {"3": [5, -1]}}, "negative step duration"),
+    ({"bubbles": [{"gpu": 0, "rank": 0, "slot": 0, "iteration": 1, "start_ns": "x", "end_ns": 10, "kind": 0}]},
+     "start_ns"),
+])
+def test_a_recording_with_impossible_durations_is_refused(tmp_path: Path, over: dict, words: str):
+    """A bubble that ends before it starts showed as `idle -38.9% measured`."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_recording_doc(**over)))
+    with pytest.raises(ValueError, match=words):
+        recording.load(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_recording_doc()))
+    assert len(recording.load(good).bubbles) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -250,3 +250,26 @@ def test_a_secrets_file_that_cannot_be_written_stores_no_row(db_path: Path) -> N
         reg.insert(new_record("p", args={"pool": URL}))
     assert reg.load() == []  # the row was rolled back with it
     reg.close()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", b""])
+def test_a_corrupt_secrets_file_parks_its_task_and_the_agent_still_starts(db_path: Path, content: bytes) -> None:
+    """Round 3, item 5: it blamed the database and advised moving it aside, losing every task and the ledger."""
+    reg = Registry(db_path)
+    broken = reg.insert(new_record("p", args={"pool": URL}))
+    fine = reg.insert(new_record("q", args={"pool": URL.replace("hunter2", "other")}))
+    reg.save([replace(r, state=TaskState.READY) for r in reg.load()])
+    reg.close()
+    path = db_path.parent / "secrets" / f"task-{broken}.json"
+    path.write_bytes(content)
+    reg = Registry(db_path)  # no RegistryError
+    try:
+        loaded = {r.id: r for r in reg.load()}
+        assert loaded[fine].state is TaskState.READY and "other" in loaded[fine].spec.args["pool"]
+        parked = loaded[broken]
+        assert parked.state is TaskState.FAILED
+        assert str(path) in parked.reason and f"freeride rm {broken}" in parked.reason, parked.reason
+        assert "hunter2" not in json.dumps(parked.spec.args)
+        assert path.read_bytes() == content, "the file was changed: it is the operator's to inspect"
+    finally:
+        reg.close()

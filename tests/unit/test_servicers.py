@@ -23,6 +23,7 @@ from served import Served, served_agent
 
 import freeride
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.core.ring import MAX_STANDS_FOR
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.gpu.control import cpu_only
 from freeride.trainer.reporter import BubbleReporter
@@ -464,3 +465,27 @@ def test_a_task_waiting_for_admission_alone_makes_the_agent_listen(tmp_path: Pat
         task = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=512 * 2**20))
         assert c.get(task.id).reason == "waiting for memory: needs 512 MiB, 256 MiB free for side tasks"
         assert served.on_loop(lambda: served.agent.listening) is True
+
+
+def test_the_reporter_refuses_a_kind_or_weight_the_agent_does_not_take_and_says_so_once(
+        served: Served, ringed: BubbleReporter, caplog: pytest.LogCaptureFixture) -> None:
+    """Round 3, item 2: a `kind` of 256 or more went into the ring record's "stands for" bits, so kind=256 counted each
+    bubble twice and kind=2^28 a million times over; the gRPC road masked it to its low byte instead."""
+    t = time.monotonic_ns()
+    with caplog.at_level(logging.WARNING, logger="freeride.trainer.reporter"):
+        for kind in (256, 1 << 28, -1, 1.0):
+            ringed.start(0, kind, time_ns=t)  # type: ignore[arg-type]
+            ringed.end(0, kind, time_ns=t + 1_000_000)  # type: ignore[arg-type]
+        ringed.start(0, 1, time_ns=t, stands_for=MAX_STANDS_FOR + 1)
+        ringed.end(0, 1, time_ns=t + 1_000_000, stands_for=0)
+    ringed.start(0, 1, time_ns=t + 2_000_000)  # good ones behind them, the second with a quiet step's weight
+    ringed.end(0, 1, time_ns=t + 3_000_000)
+    ringed.start(0, 1, time_ns=t + 10_000_000, stands_for=3)
+    ringed.end(0, 1, time_ns=t + 11_000_000, stands_for=3)
+    served.on_loop(served.clock.catch_up)
+    with freeride.Client(served.target, timeout_s=10) as client:
+        gpu = client.stats().gpu
+    assert ringed.refused_edges == 10 and ringed.dropped == 0
+    assert (gpu.bubbles, gpu.bubble_s, gpu.rejected_events) == (4, pytest.approx(0.004), 0)
+    said = [r.getMessage() for r in caplog.records if "bubble edge refused" in r.getMessage()]
+    assert len(said) == 1 and "kind 256 is not a freeride.v1.BubbleKind" in said[0]

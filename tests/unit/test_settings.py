@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 FLAGS = [
     "--agent-cpus", "--allow-world-socket", "--bubble-path", "--cgroups", "--check-timeout-s",
     "--checkpoint-interval-s", "--checkpoint-timeout-s", "--disk-warn-percent", "--fake-gpu", "--gpu",
-    "--hang-timeout-s", "--headroom", "--log-format", "--log-max-bytes", "--log-total-bytes", "--margin-ms",
+    "--green-sms", "--hang-timeout-s", "--headroom", "--log-format", "--log-max-bytes", "--log-total-bytes",
+    "--margin-ms",
     "--max-restarts", "--max-workers", "--memory-cap-restarts", "--memory-check-s", "--metrics-addr",
     "--metrics-port", "--mps", "--mps-control", "--mps-log-dir", "--mps-pipe-dir", "--mps-thread-percentage",
     "--restart-backoff-s", "--retention", "--shutdown-grace-s", "--socket", "--socket-group", "--socket-mode",
@@ -31,7 +32,8 @@ FLAGS = [
 ENVS = [
     "FREERIDE_AGENT_CPUS", "FREERIDE_ALLOW_WORLD_SOCKET", "FREERIDE_BUBBLE_PATH", "FREERIDE_CGROUPS",
     "FREERIDE_CHECKPOINT_INTERVAL_S", "FREERIDE_CHECKPOINT_TIMEOUT_S", "FREERIDE_CHECK_TIMEOUT_S",
-    "FREERIDE_DISK_WARN_PERCENT", "FREERIDE_FAKE_GPU", "FREERIDE_GPU", "FREERIDE_HANG_TIMEOUT_S",
+    "FREERIDE_DISK_WARN_PERCENT", "FREERIDE_FAKE_GPU", "FREERIDE_GPU", "FREERIDE_GREEN_SMS",
+    "FREERIDE_HANG_TIMEOUT_S",
     "FREERIDE_HEADROOM_BYTES", "FREERIDE_LOG_FORMAT", "FREERIDE_LOG_MAX_BYTES", "FREERIDE_LOG_TOTAL_BYTES",
     "FREERIDE_MARGIN_MS", "FREERIDE_MAX_RESTARTS", "FREERIDE_MAX_WORKERS", "FREERIDE_MEMORY_CAP_RESTARTS",
     "FREERIDE_MEMORY_CHECK_S", "FREERIDE_METRICS_ADDR", "FREERIDE_METRICS_PORT", "FREERIDE_MPS",
@@ -121,3 +123,21 @@ def test_a_twin_outside_its_choices_is_refused_naming_the_flag_and_the_choices(e
     assert str(exc.value) == message
     assert {d.env for d in declared() if d.choices} == {"FREERIDE_MPS", "FREERIDE_BUBBLE_PATH", "FREERIDE_CGROUPS",
                                                         "FREERIDE_LOG_FORMAT", "FREERIDE_WORKER_SCHED"}
+
+
+@pytest.mark.parametrize(("env", "raw", "message"), [
+    ("FREERIDE_HANG_TIMEOUT_S", "-5", "FREERIDE_HANG_TIMEOUT_S must be >= 0, got -5.0"),
+    ("FREERIDE_MPS", "bogus", "FREERIDE_MPS must be off, start or use, got 'bogus'"),
+    # the one set in the environment is named so, the other as the flag it was given as
+    ("FREERIDE_LOG_TOTAL_BYTES", "8000", "FREERIDE_LOG_TOTAL_BYTES must be at least twice --log-max-bytes"),
+])
+def test_a_value_from_the_environment_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, env: str,
+                                                                     raw: str, message: str) -> None:
+    monkeypatch.setenv(env, raw)
+    with pytest.raises(ConfigError) as exc:
+        agent_config(app.build_parser().parse_args(["agent", "--log-max-bytes", "4KiB"]))
+    assert str(exc.value).startswith(message), str(exc.value)
+    monkeypatch.delenv(env)
+    monkeypatch.setenv("FREERIDE_HANG_TIMEOUT_S", "5")  # a flag given wins and is named as the flag
+    with pytest.raises(ConfigError, match=r"^--hang-timeout-s must be >= 0"):
+        agent_config(app.build_parser().parse_args(["agent", "--hang-timeout-s", "-5"]))

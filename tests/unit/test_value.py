@@ -55,6 +55,8 @@ def test_flags_win_over_their_environment_twins_and_percentages_are_ratios():
     (ns(price="cheap"), {}, ["--gpu-hour-price 'cheap'", "e.g. 2.50"]),
     (ns(price="-1"), {}, ["--gpu-hour-price '-1'"]),
     (ns(price="5%"), {}, ["--gpu-hour-price '5%'"]),
+    (ns(price="1e308"), {}, ["--gpu-hour-price '1e308'", "at most 1,000,000"]),
+    (ns(), {"FREERIDE_GPU_HOUR_PRICE": "2e6"}, ["FREERIDE_GPU_HOUR_PRICE '2e6'", "at most 1,000,000"]),
     (ns(slowdown="2"), {}, ["--training-slowdown '2'", "between 0 and 1", "0.5%"]),
     (ns(), {"FREERIDE_TRAINING_SLOWDOWN": "nan"}, ["FREERIDE_TRAINING_SLOWDOWN 'nan'"]),
 ])

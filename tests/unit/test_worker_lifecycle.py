@@ -149,6 +149,24 @@ def test_a_load_state_dict_that_raises_is_reported_as_load_state_dict_not_as_set
     assert failed.retryable and w.exit_code() == 1
 
 
+# -- a task that cannot run as given: FAILED at once, no restart ----------------------------------
+def test_a_permanent_error_in_setup_is_not_retryable(tmp_path: Path) -> None:
+    """A prompt the model cannot take failed in setup() after three pointless restarts (round 3, item 7)."""
+    w = InProcessWorker(tmp_path, "CannotRunHere").start()
+    failed = w.next("failed").failed
+    assert failed.reason == "setup(): prompts.jsonl line 3: an empty prompt"
+    assert not failed.retryable and w.exit_code() == 1
+
+
+def test_a_permanent_error_in_a_step_is_not_retryable(tmp_path: Path) -> None:
+    w = InProcessWorker(tmp_path, "CannotRunHere", where="step").start()
+    w.next("ready")
+    w.writer.grant(1, time.monotonic_ns() + 10**9)
+    failed = w.next("failed").failed
+    assert failed.reason == "step(): item 7 holds token 300; the model's ids are 0..255"
+    assert not failed.retryable and w.exit_code() == 1
+
+
 # -- a full disk: the checkpoint waits, the task does not fail ---------------------------------------
 def test_a_checkpoint_on_a_full_disk_waits_holding_no_window_and_is_written_once_space_is_freed(
     tmp_path: Path,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from freeride.agent.control.accounting import account
 from freeride.agent.control.bubbles import Bubbles
 from freeride.agent.control.history import HISTORY_BUBBLES, HISTORY_MAX_STEPS, HISTORY_WINDOWS, history
+from freeride.agent.control.idle import IdleBound
 from freeride.agent.control.policy import RecentUsage, choose
 from freeride.agent.control.predictor import MarginController
 from freeride.agent.control.slots import TaskSlot, WindowPort, candidates, starved
@@ -70,6 +71,7 @@ class Scheduler:
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
         self.bubbles = Bubbles()
+        self.idle = IdleBound()  # what a rank's bubbles may add to the ledger: no more time than has passed
         self._windows: dict[int, Window] = {}
         self._current: Window | None = None
         self._next_window = 1
@@ -126,9 +128,11 @@ class Scheduler:
         if bubble is None:
             return  # an END whose START we never saw (reconnect): nothing to learn from
         length = ev.time_ns - bubble.start_ns
-        if length > 0:  # a step that stands for several (a quiet trainer times only some) counts for all of them
-            self.gpu.bubbles += bubble.stands_for
-            self.gpu.bubble_ns += length * bubble.stands_for
+        if length > 0:  # a step that stands for several (a quiet trainer times only some) counts for all of them,
+            # within the time that has passed (freeride.agent.control.idle)
+            bubble_ns, bubbles = self.idle.credit(ev.rank, bubble.start_ns, ev.time_ns, bubble.stands_for)
+            self.gpu.bubbles += bubbles
+            self.gpu.bubble_ns += bubble_ns
         if bubble.window is not None:
             self._close(bubble.window, end_ns=ev.time_ns)
             bubble.window = None  # the bubble history must not keep windows (and their steps) alive
@@ -138,6 +142,7 @@ class Scheduler:
     def trainer_gone(self, rank: int) -> None:
         """A trainer stream ended: close its window now; its bubble never gets an END."""
         bubble = self.bubbles.replace(rank)
+        self.idle.gone(rank)
         if bubble is not None and bubble.window is not None:
             self._close(bubble.window, end_ns=0)
 

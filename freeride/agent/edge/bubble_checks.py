@@ -14,7 +14,7 @@ from typing import Protocol
 
 from freeride.agent.domain.events import Edge
 from freeride.agent.domain.trainers import TrainerStream
-from freeride.core.ring import EDGE_START, Record
+from freeride.core.ring import EDGE_START, MAX_STANDS_FOR, Record
 from freeride.v1 import trainer_pb2
 
 # Bubble edges are stamped with this host's CLOCK_MONOTONIC just before they are sent: one from the
@@ -24,7 +24,6 @@ MAX_EDGE_LEAD_NS = 1 * 10**9
 MAX_EXPECTED_BUBBLE_NS = 600 * 10**9  # a "bubble" of more than ten minutes is not a pipeline bubble
 MAX_FREE_MEMORY_BYTES = 1 << 50
 MAX_SLOT = (1 << 32) - 1  # the gRPC message's uint32
-MAX_STANDS_FOR = 1 << 20  # iterations one timed step may stand for (a trainer times one in seconds at least)
 EDGES = frozenset({trainer_pb2.BUBBLE_EDGE_START, trainer_pb2.BUBBLE_EDGE_END})
 KINDS = frozenset(trainer_pb2.BubbleKind.values())
 _BETWEEN_STEPS = trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS

@@ -29,6 +29,7 @@ from freeride.agent.control.histogram import Histogram
 from freeride.agent.domain.trainers import GRPC, SHM
 from freeride.agent.edge.convert import stats_to_pb
 from freeride.core import disk
+from freeride.core.text import printable
 from freeride.core.version import __version__
 from freeride.v1 import tasks_pb2
 
@@ -53,6 +54,7 @@ class Snapshot:
     start_time_unix_s: float = 0.0
     disk: disk.Usage | None = None  # the state directory's file system (read in the scrape's thread, not the loop)
     disk_warn_percent: int = 90
+    bubble_refused_ns: int = 0  # bubble time trainers claimed past the time that had passed (control.idle)
 
 
 async def take_snapshot(agent: Agent) -> Snapshot:
@@ -66,6 +68,7 @@ async def take_snapshot(agent: Agent) -> Snapshot:
         task_bubbles={i: (r.counters.bubbles, r.counters.bubble_ns) for i, r in agent.table.records.items()},
         start_time_unix_s=time.time() - stats.gpu.uptime_s,
         disk_warn_percent=agent.config.disk_warn_percent,
+        bubble_refused_ns=agent.scheduler.idle.cut_ns,
     )
 
 
@@ -125,6 +128,9 @@ def families(snap: Snapshot) -> Iterator[Metric]:
 
     add_counter("freeride_bubbles", "Bubbles seen (START..END pairs of harvestable kinds).", g.bubbles)
     add_counter("freeride_bubble_seconds", "Idle time seen in bubbles.", g.bubble_s)
+    add_counter("freeride_bubble_refused_seconds", "Bubble time trainers claimed and the agent did not count: "
+                "more than had passed since the rank's first bubble (a wrong or forged weight).",
+                snap.bubble_refused_ns / 1e9)
     add_counter("freeride_harvested_seconds", "Bubble time spent in side-task steps that ended in time.", g.harvested_s)
     add_counter("freeride_overrun_seconds", "Side-task step time past the end of a bubble.", g.overrun_s)
     add_counter("freeride_overrun_steps", "Side-task steps that ended after their bubble.", g.overrun_steps)
@@ -143,16 +149,17 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     hist.add_metric(gl, [(_le(b), c) for b, c in snap.bubble_lengths.cumulative()], snap.bubble_lengths.sum_ns / 1e9)
     families_.append(hist)
 
-    err = GaugeMetricFamily("freeride_bubble_prediction_error_ratio",
-                            "|predicted - actual| / actual bubble length over recent bubbles.",
-                            labels=[*gpu_labels, "quantile"])
-    err.add_metric([*gl, "0.5"], g.prediction_error_p50)
+    # Quantiles the agent computes over its recent values: a summary's quantile samples (a gauge may not carry a
+    # `quantile` label: promtool check metrics fails the scrape). No _sum and _count: the agent keeps the last
+    # values only, not a total since it started, and both are optional in a summary.
+    err = Metric("freeride_bubble_prediction_error_ratio",
+                 "|predicted - actual| / actual bubble length over recent bubbles.", "summary")
+    err.add_sample(err.name, {"gpu": gl[0], "UUID": uuid, "quantile": "0.5"}, g.prediction_error_p50)
     families_.append(err)
-    delay = GaugeMetricFamily("freeride_bubble_event_delay_seconds",
-                              "How late bubble edges reach the agent, over recent edges.",
-                              labels=[*gpu_labels, "quantile"])
-    delay.add_metric([*gl, "0.5"], g.event_delay_us_p50 / 1e6)
-    delay.add_metric([*gl, "0.99"], g.event_delay_us_p99 / 1e6)
+    delay = Metric("freeride_bubble_event_delay_seconds", "How late bubble edges reach the agent, over recent edges.",
+                   "summary")
+    for q, us in (("0.5", g.event_delay_us_p50), ("0.99", g.event_delay_us_p99)):
+        delay.add_sample(delay.name, {"gpu": gl[0], "UUID": uuid, "quantile": q}, us / 1e6)
     families_.append(delay)
 
     m = g.memory
@@ -209,7 +216,7 @@ def families(snap: Snapshot) -> Iterator[Metric]:
                                  labels=task_labels),
     }
     for t in snap.stats.tasks:
-        tl = [*gl, t.id, t.spec.name]
+        tl = [*gl, t.id, printable(t.spec.name)]  # the submitter's text: no control character reaches a reader
         current = tasks_pb2.TaskState.Name(t.state).removeprefix("TASK_STATE_")
         for state in _STATES:
             per_task["state"].add_metric([*tl, state], 1.0 if state == current else 0.0)  # type: ignore[attr-defined]

@@ -138,6 +138,7 @@ class TaskServicer(tasks_pb2_grpc.TaskServiceServicer):
         # that write (ExecuteBatchError, before the call shows as cancelled); yielded, gRPC logs a traceback.
         q = self._agent.events.subscribe()
         try:
+            await context.send_initial_metadata(())  # "subscribed": Client.watch() returns on it (no event missed)
             while True:
                 event = event_to_pb(await q.get())
                 try:

@@ -42,19 +42,20 @@ _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reas
 
 class WorkerStreams:
     def __init__(self, config: AgentConfig, table: TaskTable, scheduler: Scheduler, deadlines: CheckpointDeadlines,
-                 checkpoint_dir: Path, stopping: Callable[[], bool], worker_peak: bool = True) -> None:
+                 checkpoint_dir: Path, stopping: Callable[[], bool]) -> None:
         """`stopping`: whether the agent is shutting down (no task becomes a candidate for windows then).
-        `worker_peak`: whether a worker's own peak resident set counts in its task's peak memory. Not on a real
-        GPU: caps bound device memory there and the watchdog's samples are the device's, while a worker's
-        resident set is host memory (with torch's CUDA libraries loaded, ~600 MiB on the first GPU run, which
-        read as a CPU task's peak far over its GPU cap)."""
+
+        A task's peak memory is the watchdog's samples alone (freeride.agent.engine.watchdog), the measure its cap
+        is compared to; the worker's own peak resident set (`StepReport.peak_memory_bytes`, VmHWM) is not: it
+        counts shared libraries whole, so it read as peaks over caps the watchdog never saw passed (417.5 MiB
+        over a 400 MiB cap in CPU mode, where the watchdog reads PSS or memory.current; ~600 MiB of CUDA
+        libraries over a 256 MiB GPU cap, where it reads the device)."""
         self._cfg = config
         self._table = table
         self._scheduler = scheduler
         self._deadlines = deadlines
         self._checkpoint_dir = checkpoint_dir
         self._stopping = stopping
-        self._worker_peak = worker_peak
 
     def attach(self, task_id: str, instance: int, outbox: Outbox) -> WorkerSetup:
         rt = self._table.live.get(task_id)
@@ -88,8 +89,6 @@ class WorkerStreams:
             self._scheduler.on_steps(task_id, msg)
             if msg.progress:
                 rec.progress.update(msg.progress)
-            if self._worker_peak:
-                rec.peak_memory_bytes = max(rec.peak_memory_bytes, msg.peak_memory_bytes)
         elif isinstance(msg, WindowDone):
             self._scheduler.on_window_done(task_id, msg)
             if msg.step_estimate_ns:

@@ -24,10 +24,12 @@ from freeride.agent.domain.events import Control
 from freeride.agent.domain.model import TaskRecord, TaskState
 from freeride.agent.domain.timers import CallLater, TimerHandle
 from freeride.agent.engine.admission import admit, worker_slot
+from freeride.agent.engine.crashes import RestartTimers, after_crash
 from freeride.agent.engine.deadlines import CheckpointDeadlines
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload, ThreadOffload
 from freeride.agent.engine.poison import ItemCrashes
+from freeride.agent.engine.space import SpaceWatch
 from freeride.agent.engine.streams import WAITING, WorkerStreams
 from freeride.agent.engine.tasks import STOP_CONTROL, TaskRuntime, TaskTable, Worker
 from freeride.agent.engine.watchdog import MemoryWatchdog, TreeScan
@@ -55,17 +57,18 @@ class Launcher(Protocol):
 
 class Supervisor:
     def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
-                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None) -> None:
+                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None,
+                 free_bytes: Callable[[], int] | None = None) -> None:
         """`offload`: where the watchdog's blocking reads run (None: a thread of the supervisor's own, released
-        by `shutdown`)."""
+        by `shutdown`); `free_bytes()`: the state directory's free space (default: its file system's)."""
         self._cfg = config
         self._table = table
         self._memory = memory
         self._launcher = launcher
         self._scheduler = scheduler
         self._call_later: CallLater = call_later or asyncio.get_running_loop().call_later
+        self._restarts = RestartTimers(self._call_later)  # each task's pending restart (or start after a full disk)
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
-        self._restarts: dict[str, TimerHandle] = {}  # task id -> its pending restart (or start after a full disk)
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
         self._item_crashes = ItemCrashes(config.state_dir / "checkpoints")  # crashes inside pool items (poison.py)
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
@@ -74,9 +77,11 @@ class Supervisor:
         self.stopping = False
         self._deadlines = CheckpointDeadlines(config.checkpoint_timeout_s, table, self._call_later)
         self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
-                                     lambda: self.stopping, worker_peak=not memory.gpu.on_nvml)
+                                     lambda: self.stopping)
         self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
-                                       self._call_later, offload or ThreadOffload("freeride-sample"))
+                                       self._call_later, offload or ThreadOffload("freeride-sample"),
+                                       SpaceWatch(free_bytes or (lambda: disk.usage(config.state_dir).free_bytes),
+                                                  self._waits_for_disk, self.disk_freed))
 
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
@@ -135,7 +140,13 @@ class Supervisor:
         try:
             await self._start(rec, reason)
         except Exception as exc:  # nothing else would ever report on this start
-            self._start_failed(rec, exc)
+            full = ""
+            if isinstance(exc, OSError) and disk.is_full(exc) and self._table.worker(rec.id) is None:
+                # whose space it is: a statvfs and a walk of the state directory, off the loop
+                full = await self.watchdog.off_loop(functools.partial(
+                    disk.wait_reason, "its worker's files cannot be created in", self._cfg.state_dir, exc,
+                    self._cfg.state_dir))
+            self._start_failed(rec, exc, full)
 
     async def _start(self, rec: TaskRecord, reason: str) -> None:
         if self.stopping or rec.state.terminal or rec.state is TaskState.PAUSED:
@@ -171,10 +182,11 @@ class Supervisor:
     def _start_soon(self, rec: TaskRecord, reason: str) -> None:
         self._background.spawn(self.start(rec, reason))  # (start() acts on its own failures)
 
-    def _start_failed(self, rec: TaskRecord, exc: Exception) -> None:
+    def _start_failed(self, rec: TaskRecord, exc: Exception, full: str = "") -> None:
+        """`full`: the disk is full, and this is what the task waits for (disk.wait_reason)."""
         worker = self._table.worker(rec.id)
-        if worker is None and isinstance(exc, OSError) and disk.is_full(exc):
-            self._wait_for_disk(rec, exc)
+        if worker is None and full:
+            self._wait_for_disk(rec, full)
             return
         log.error("task %s: could not start its worker: %r", rec.id, exc, exc_info=exc)
         if worker is not None:  # it failed after the spawn: the worker's exit is the crash
@@ -184,7 +196,7 @@ class Supervisor:
         if not self.stopping and (rec.state is TaskState.SUBMITTED or rec.state.active):
             self._crashed(rec, f"could not start its worker: {exc}", retryable=True, log_path=None)
 
-    def _wait_for_disk(self, rec: TaskRecord, exc: OSError) -> None:
+    def _wait_for_disk(self, rec: TaskRecord, full: str) -> None:
         """Its worker's files could not be created, the disk is full: not the task's fault, so no restart is
         charged. It waits STARTING with the reason, and is started again with backoff, or at once when the agent
         frees space (`disk_freed`)."""
@@ -194,20 +206,24 @@ class Supervisor:
         tries = self._disk_waits.get(rec.id, 0)
         self._disk_waits[rec.id] = tries + 1
         delay = min(disk.RETRY_S * 2 ** tries, disk.MAX_RETRY_S)
-        reason = WAITING + disk.wait_reason("its worker's files cannot be created in", self._cfg.state_dir, exc)
-        if rec.reason != reason:
+        reason = WAITING + full
+        if not rec.reason.startswith(_DISK_FULL):
             log.warning("task %s %s; starting it again in %.0fs", rec.id, reason, delay)
         self._table.set_state(rec, TaskState.STARTING, reason)
-        self._cancel_restart(rec.id)
-        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+        self._restart_in(rec, delay)
+
+    def _waits_for_disk(self) -> bool:
+        """A task waits for space: to start (its worker's files), or READY for its checkpoint to be written."""
+        return bool(self._disk_waits) or any(
+            rec.reason.startswith(_DISK_FULL) for i in self._table.live if (rec := self._table.records.get(i)))
 
     def disk_freed(self) -> None:
         """Space was freed (rm, prune, retention): what waits for the disk tries again now, not at its next
         backoff: a task not started starts, a worker whose checkpoint failed is asked for one."""
-        for task_id in list(self._restarts):
+        for task_id in self._restarts.pending():
             rec = self._table.records.get(task_id)
             if rec is not None and task_id in self._disk_waits and rec.reason.startswith(_DISK_FULL):
-                self._cancel_restart(task_id)
+                self._restarts.cancel(task_id)
                 self._restart(rec)
         for task_id, rt in list(self._table.live.items()):
             rec = self._table.records.get(task_id)
@@ -244,36 +260,21 @@ class Supervisor:
         self._crashed(rec, reason, retryable, worker.log_path, item)
 
     def _crashed(self, rec: TaskRecord, reason: str, retryable: bool, log_path: Path | None, item: str = "") -> None:
-        """Restart with exponential backoff, or FAILED once the task has had all its restarts; a crash inside a
-        pool item (`item` says so, poison.py) is the item's: restarted without spending a restart."""
+        """Restart with backoff, or FAILED once the task has had all its restarts (crashes.py decides)."""
         limit = rec.spec.max_restarts if rec.spec.max_restarts >= 0 else self._cfg.max_restarts
-        if not retryable:
-            self._table.set_state(rec, TaskState.FAILED, reason)
-            return
-        if item:
-            delay, said = self._cfg.restart_backoff_s, f"restart in {self._cfg.restart_backoff_s:.1f}s"
-            reason = f"{reason} ({item})"
-        elif rec.restarts >= limit:
-            where = f"; log: {log_path}" if log_path is not None else ""
-            self._table.set_state(rec, TaskState.FAILED, f"{reason} (gave up after {rec.restarts} restarts{where})")
-            return
-        else:
-            rec.restarts += 1
-            delay = self._cfg.restart_backoff_s * 2 ** (rec.restarts - 1)
-            said = f"restart {rec.restarts}/{limit} in {delay:.1f}s"
-        self._table.set_state(rec, TaskState.STARTING, f"{said} after: {reason}")
-        self._cancel_restart(rec.id)
-        self._restarts[rec.id] = self._call_later(delay, lambda: self._restart(rec))
+        v = after_crash(rec.restarts, limit, self._cfg.restart_backoff_s, reason, retryable, log_path, item)
+        rec.restarts += v.spends_restart
+        self._table.set_state(rec, v.state, v.reason)
+        if v.state is TaskState.STARTING:
+            self._restart_in(rec, v.delay_s)
+
+    def _restart_in(self, rec: TaskRecord, delay: float) -> None:
+        self._restarts.set(rec.id, delay, lambda: self._restart(rec))
 
     def _restart(self, rec: TaskRecord) -> None:
-        self._restarts.pop(rec.id, None)
+        self._restarts.fired(rec.id)
         if rec.state is TaskState.STARTING:
             self._start_soon(rec, rec.reason)  # (a wait for the disk keeps its reason while it tries again)
-
-    def _cancel_restart(self, task_id: str) -> None:
-        timer = self._restarts.pop(task_id, None)
-        if timer is not None:
-            timer.cancel()
 
     async def settle(self) -> None:
         """Until the worker starts in flight (after a wait for memory or a backoff) have ended."""
@@ -282,7 +283,7 @@ class Supervisor:
     # -- stop ------------------------------------------------------------------------------------
     def stop(self, rec: TaskRecord, desired: TaskState) -> None:
         """Ask the task's worker to checkpoint and exit, to become `desired` (PAUSED or CANCELLED)."""
-        self._cancel_restart(rec.id)
+        self._restarts.cancel(rec.id)
         self._disk_waits.pop(rec.id, None)
         rt = self._table.live.get(rec.id)
         if rt is not None and rt.worker is not None:
@@ -320,8 +321,8 @@ class Supervisor:
     async def shutdown(self) -> None:
         """Ask every worker to checkpoint and exit; kill those that do not within the grace period."""
         self.stopping = True
-        for task_id in list(self._restarts):
-            self._cancel_restart(task_id)
+        for task_id in self._restarts.pending():
+            self._restarts.cancel(task_id)
         self._deadlines.shutting_down()  # the grace period bounds every checkpoint from now on
         self.watchdog.stop()
         if self._admission_pass is not None:

@@ -5,6 +5,7 @@ training and other tasks are not touched. The reads block for milliseconds (each
 process tree): they run on the watchdog's thread (`Offload`, freeride.agent.engine.offload), and only their
 results are applied on the loop, to the workers still alive. At most one check is in flight: the next
 is set once the previous one has ended; a failed check is logged and retried at the next interval.
+While a task waits for a full disk, the same tick reads the state disk's free space (freeride.agent.engine.space).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from freeride.agent.domain.background import Background
 from freeride.agent.domain.timers import CallLater, TimerHandle
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.offload import Offload
+from freeride.agent.engine.space import SpaceWatch
 from freeride.agent.engine.tasks import TaskTable
 
 log = logging.getLogger("freeride.agent")
@@ -39,9 +41,10 @@ class TreeScan(Protocol):
 class MemoryWatchdog:
     def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, scheduler: Scheduler,
                  tracking: Callable[[], TreeScan], admit: Callable[[Callable[[], int | None]], None],
-                 call_later: CallLater, offload: Offload) -> None:
+                 call_later: CallLater, offload: Offload, space: SpaceWatch | None = None) -> None:
         """`tracking`: a new scan of the workers' trees per tick; `admit(usable)`: start the waiting tasks that
-        fit the budget just measured (the device's free memory may have grown without any event)."""
+        fit the budget just measured (the device's free memory may have grown without any event); `space`: the
+        state disk's free space, read on the same tick while a task waits for it (it too grows without an event)."""
         self._cfg = config
         self._table = table
         self._memory = memory
@@ -50,6 +53,7 @@ class MemoryWatchdog:
         self._admit = admit
         self._call_later = call_later
         self._offload = offload
+        self._space = space
         self._timer: TimerHandle | None = None  # the next check (set once the previous one ended)
         self._checks = Background("memory watchdog")  # the check in flight (one at most)
         self._stopped = False
@@ -106,16 +110,19 @@ class MemoryWatchdog:
         scan = self._tracking()  # (the same tick writes down what each uncontained worker's tree holds)
         trainer_free = self._scheduler.trainer_free_memory_bytes
         admitting = self._table.waiting_count() > 0  # the device's free memory may have grown without any event
+        space = self._space if self._space is not None and self._space.wanted() else None
 
-        def read() -> tuple[dict[str, int], int | None]:  # in the watchdog's thread: nothing of the loop's state
+        def read() -> tuple[dict[str, int], int | None, int | None]:  # in the watchdog's thread, not the loop's
             sampled = self._memory.sample(pids)
             scan.read()
             usable = self._memory.usable_bytes(pids.values(), trainer_free) if admitting else None
-            return sampled, usable
+            return sampled, usable, space.read() if space is not None else None
 
-        sampled, usable = await self._offload.run(read)
+        sampled, usable, free = await self._offload.run(read)
         if self._stopped:
             return
+        if space is not None:
+            space.apply(free)
         scan.apply()
         for task_id, used in sampled.items():
             worker, rt = live[task_id], self._table.live.get(task_id)

@@ -1,38 +1,67 @@
-"""Each worker's processes, written down in the state directory: how an agent finds what its workers started
-after it was killed (`kill -9`), and, without cgroups, what a task started that left the worker's process group.
+"""Each worker's processes, written down in the state directory, and what a new agent may kill of them.
 
-One file per worker, `run/workers/<name>` (the name its cgroup has too: task-<id>-<instance>-<agent pid>),
-one line per process, "pid start_time" (psutil's create_time), the worker's own line first. It is written
-when the worker starts and, for a worker without a cgroup, each time the memory watchdog's sample finds new
-processes in the worker's tree: a process that calls setsid() and clears its environment is still the
-worker's descendant, so it is written down within one sample of its start (0.25 s) unless its parent
-chain to the worker breaks sooner. It is removed once the worker's processes were killed. A start time
-that no longer matches means the pid was reused: that process is never touched.
+One file per worker, `run/workers/<name>` (the name its cgroup has too: task-<id>-<instance>-<agent pid>), in
+the format of freeride.core.proc_records: the worker's own line first, then, for a worker without a cgroup,
+each process the memory watchdog's sample found in its tree (a process that calls setsid() and clears its
+environment is still the worker's descendant, so it is written down within one sample of its start, 0.25 s,
+unless its parent chain to the worker breaks sooner). It is removed once the worker's processes were killed.
 
-A new agent reads what its predecessor left (`left`), waits for each old worker to finish the checkpoint
-it takes when it loses its agent, then kills the rest (`kill`).
+Who acts on a record. The agent and its workers run as one user, so a task can write any record here: no
+file permission keeps it out, and no key could either (an HMAC key must outlive a `kill -9` of the agent,
+so it would be a file that user reads, and the task with it). A record is therefore never proof:
+  - the agent that wrote it kills what it holds in memory, never what the file says;
+  - the worker it belongs to, when it has lost its agent, kills what its record names
+    (freeride.worker.leftovers): the task runs in that process and could kill those pids itself;
+  - a new agent (`left`, `proven`) uses a record only to learn which pids to look at, and kills a process
+    only for what a task cannot set on a process it did not start: the worker mark of this state directory
+    in its environment (set by the agent at exec, `mark`), or being a descendant, now, of a process that
+    carries one; and everything in a predecessor's cgroup (freeride.agent.procs.cgroups).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 
 from freeride.core.pids import wait_pids
 from freeride.core.private import private_dir
+from freeride.core.proc_records import Procs, read, same
 
-Procs = dict[int, float]  # pid -> start time (psutil create_time)
+# Set in each worker's environment and inherited by whatever its task starts: the agent finds (and kills) a
+# task's processes even after they leave the worker's process group.
+WORKER_MARK = "FREERIDE_WORKER"
+
+
+def state_key(state_dir: Path) -> str:
+    """A short name of the state directory, in every worker mark: a new agent kills the marked processes of its
+    own state directory only, never the workers of another agent on the host."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def mark(agent_pid: int | str, task_id: str, instance: int | str, key: str) -> str:
+    """WORKER_MARK's value for a worker: `<agent pid>:<task>:<instance>:<state key>`."""
+    return f"{agent_pid}:{task_id}:{instance}:{key}"
+
+
+def mark_of(name: str, key: str) -> str:
+    """The mark of the worker whose record (or cgroup) is `name` (task-<id>-<instance>-<agent pid>)."""
+    _, task_id, instance, agent_pid = name.rsplit("-", 3)
+    return mark(agent_pid, task_id, instance, key)
 
 
 class ProcRecords:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def write(self, name: str, procs: Mapping[int, float]) -> None:
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def write(self, name: str, procs: Procs) -> None:
         private_dir(self.folder)
         tmp = self.folder / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -45,17 +74,36 @@ class ProcRecords:
             (self.folder / name).unlink()
 
     def left(self) -> dict[str, Procs]:
-        """Every record here (a killed agent's), by name; a line that does not parse is skipped."""
-        out: dict[str, Procs] = {}
-        for path in sorted(self.folder.glob("task-*")) if self.folder.is_dir() else []:
-            procs: Procs = {}
-            with contextlib.suppress(OSError):
-                for line in path.read_text().splitlines():
-                    pid, _, start = line.partition(" ")
-                    with contextlib.suppress(ValueError):
-                        procs[int(pid)] = float(start)
-            out[path.name] = procs
-        return out
+        """Every record here (a killed agent's, or a task's forgery), by name."""
+        return {path.name: read(path) for path in sorted(self.folder.glob("task-*"))} if self.folder.is_dir() else {}
+
+
+def proven(left: dict[str, Procs], key: str) -> tuple[list[tuple[int, float]], Procs]:
+    """Of what records name: the old workers that are what their record says (alive, same start time, carrying
+    the mark its name implies), and everything in their trees now. Nothing else a record names."""
+    workers: list[tuple[int, float]] = []
+    found: Procs = {}
+    for name, procs in left.items():
+        if not procs or not _is_worker(name, key):
+            continue
+        pid, start = next(iter(procs.items()))
+        p = same(pid, start)
+        try:
+            if p is None or p.environ().get(WORKER_MARK) != mark_of(name, key):
+                continue
+        except psutil.Error:
+            continue
+        workers.append((pid, start))
+        found.update(tree(pid))
+    return workers, found
+
+
+def _is_worker(name: str, key: str) -> bool:
+    try:
+        mark_of(name, key)
+    except ValueError:
+        return False
+    return True
 
 
 def tree(pid: int) -> Procs:
@@ -72,30 +120,7 @@ def tree(pid: int) -> Procs:
     return out
 
 
-def _same(pid: int, start: float) -> psutil.Process | None:
-    """The process `pid` if it still runs and is the one that started at `start` (not a reused pid)."""
-    try:
-        p = psutil.Process(pid)
-        return p if abs(p.create_time() - start) < 0.01 and p.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
-
-
-def kill(procs: Mapping[int, float]) -> list[str]:
-    """SIGKILL each recorded process still alive (its start time matching); their descriptions."""
-    killed = []
-    for pid, start in procs.items():
-        p = _same(pid, start)
-        if p is None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            what = f"{pid} ({p.name()})"
-            p.kill()
-            killed.append(what)
-    return killed
-
-
 def wait_exited(procs: Iterable[tuple[int, float]], timeout_s: float) -> list[int]:
     """Block until each process has exited (a pidfd each: an event per process, no polling) or `timeout_s`
     passed; the pids still running. One gone meanwhile (or a kernel without pidfds) is not waited on."""
-    return wait_pids((pid for pid, start in procs if _same(pid, start) is not None), timeout_s, unwaitable=OSError)
+    return wait_pids((pid for pid, start in procs if same(pid, start) is not None), timeout_s, unwaitable=OSError)

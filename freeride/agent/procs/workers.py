@@ -5,8 +5,9 @@ agent may create one; the whole group is killed when the worker exits or is kill
 starts outlives it. Without cgroups, the worker's process group is killed, and what left it is found by
 the WORKER_MARK in its environment and by the record of the worker's process tree (freeride.agent.procs.records),
 which the memory watchdog's tick keeps up to date (`tracking`: read in its thread, applied on the loop).
-Each worker's record is also how the next agent, after a `kill -9` of this one, finds and kills what the
-workers left (`reclaim`).
+After a `kill -9` of this agent, each worker kills what its record names once it has checkpointed
+(freeride.worker.leftovers), and the next agent kills what provably was the workers' (`reclaim`): a task can
+write records, so that agent trusts none (records.py).
 Windows: each worker inherits its own window word and wake-up pipe (freeride.core.window) and nothing else
 of the agent's: a task cannot reach another task's windows.
 Output: the worker's stdout and stderr go through a pipe to the task's capped log (freeride.agent.procs.task_logs).
@@ -29,20 +30,19 @@ import psutil
 
 from freeride.agent.domain.background import Background
 from freeride.agent.procs.cgroups import CgroupTree
-from freeride.agent.procs.records import ProcRecords, Procs, kill, tree, wait_exited
+from freeride.agent.procs.records import WORKER_MARK, ProcRecords, Procs, mark, proven, state_key, tree, wait_exited
 from freeride.agent.procs.task_logs import TaskLogs, log_path, rotated
 from freeride.core.cpu import Placement
 from freeride.core.exits import REASON_MARK
 from freeride.core.private import create_private, private_dir
+from freeride.core.proc_records import RECORD_ENV, kill
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
 
 _BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
 _EMPTIED_S = 10.0  # bound on the wait for a killed group to empty (a process stuck in the kernel)
-# Set in each worker's environment and inherited by whatever its task starts: the agent finds (and
-# kills) a task's processes even after they leave the worker's process group.
-WORKER_MARK = "FREERIDE_WORKER"
+__all__ = ["WORKER_MARK", "WorkerLauncher", "WorkerProcess", "describe_exit", "last_log_line", "said_reason"]
 # The agent's GPU index (`--gpu`), in every worker's environment: the worker's TaskContext.gpu.
 GPU_ENV = "FREERIDE_GPU"
 # The task's log file, in every worker's environment: once the agent (and its log writer) is gone, the
@@ -124,6 +124,7 @@ class WorkerLauncher:
         self._watched: dict[asyncio.Task[None], WorkerProcess] = {}
         self._groups: dict[int, Path] = {}  # each live worker's cgroup, by its pid
         self._records = ProcRecords(log_dir.parent / "run" / "workers")
+        self._key = state_key(log_dir.parent)  # in every worker's mark: which agent's leftovers are whose
 
     def group_of(self, pid: int) -> Path | None:
         """The cgroup of the live worker `pid` (None: it has none, or it is no worker of ours)."""
@@ -138,7 +139,7 @@ class WorkerLauncher:
         path = log_path(self._log_dir, task_id)
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
         env["PYTHONUNBUFFERED"] = "1"
-        env[WORKER_MARK] = f"{os.getpid()}:{task_id}:{instance}"
+        env[WORKER_MARK] = mark(os.getpid(), task_id, instance, self._key)
         env[GPU_ENV] = str(self._gpu)
         env[LOG_FILE_ENV] = str(path)
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
@@ -147,6 +148,7 @@ class WorkerLauncher:
         argv = [sys.executable, "-m", "freeride.worker", "--agent", self._target, "--task-id", task_id,
                 "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd)]
         name = f"task-{task_id}-{instance}-{os.getpid()}"
+        env[RECORD_ENV] = str(self._records.path(name))  # what it kills itself once it has lost this agent
         group = self._cgroups.group(name) if self._cgroups else None
         if group is not None and self._cgroups is not None:
             argv = self._cgroups.argv(group, argv)  # in its group before its first instruction
@@ -190,21 +192,26 @@ class WorkerLauncher:
                         self._records)
 
     async def reclaim(self, grace_s: float) -> None:
-        """Before any task starts: kill what the workers of a killed predecessor on this state directory left
-        (their records, their cgroups), once each old worker has exited, which it does after the checkpoint
-        it takes when it loses its agent (up to `grace_s`, all together)."""
+        """Before any task starts: kill what the workers of a killed predecessor on this state directory left,
+        once each old worker has exited, which it does after the checkpoint it takes when it loses its agent
+        (up to `grace_s`, all together), killing what its record names on its way out (freeride.worker).
+
+        A task can write records (records.py), so one is only a hint: what is killed here is what a task
+        cannot pass off as a worker's, every process in the predecessor's cgroups, every process carrying a
+        worker mark of this state directory, and the trees the proven old workers have now."""
         left = self._records.left()
         groups = self._cgroups.leftovers() if self._cgroups is not None else []
         if not left and not groups:
             return
         loop = asyncio.get_running_loop()
-        workers = [next(iter(procs.items())) for procs in left.values() if procs]
+        workers, trees = await loop.run_in_executor(None, proven, left, self._key)
         late = await loop.run_in_executor(None, wait_exited, workers, grace_s)
         if late:
             log.warning("%d worker(s) of a previous agent did not exit within %.0f s; killing them: %s",
                         len(late), grace_s, ", ".join(map(str, late)))
-        marks = {_mark_of(name) for name in left}
-        killed = await loop.run_in_executor(None, _kill_left, list(left.values()), marks)
+        key = self._key
+        killed = await loop.run_in_executor(None, _kill_left, [trees],
+                                            lambda m: m is not None and m.rpartition(":")[2] == key)
         for group in groups:
             assert self._cgroups is not None
             members = self._cgroups.members(group)
@@ -259,7 +266,7 @@ class WorkerLauncher:
         # worker's mark or was seen in its tree; a scan of /proc, once per worker exit, in a thread (never a
         # pause of the control path).
         escaped = await asyncio.get_running_loop().run_in_executor(
-            None, _kill_left, [{p: t for p, t in worker.known.items() if p != worker.pid}], {worker.mark})
+            None, _kill_left, [{p: t for p, t in worker.known.items() if p != worker.pid}], lambda m: m == worker.mark)
         self._records.remove(worker.name)
         if escaped:
             log.warning("task %s: killed %d process(es) it had started outside its process group: %s",
@@ -299,24 +306,19 @@ class TreeScan:
                 self._records.write(worker.name, worker.known)
 
 
-def _mark_of(name: str) -> str:
-    """The WORKER_MARK of the worker whose record is `name` (task-<id>-<instance>-<agent pid>)."""
-    _, task_id, instance, agent_pid = name.rsplit("-", 3)
-    return f"{agent_pid}:{task_id}:{instance}"
-
-
-def _kill_left(recorded: list[Procs], marks: set[str]) -> list[str]:
-    """SIGKILL the recorded processes still alive, then whatever still carries one of the marks."""
+def _kill_left(recorded: list[Procs], marked: Callable[[str | None], bool]) -> list[str]:
+    """SIGKILL the given processes still alive (start times matching), then every process whose worker mark
+    `marked` accepts."""
     killed = [what for procs in recorded for what in kill(procs)]
-    return killed + kill_marked(marks)
+    return killed + kill_marked(marked)
 
 
-def kill_marked(marks: set[str]) -> list[str]:
-    """SIGKILL every process whose environment carries one of these worker marks; their descriptions."""
+def kill_marked(marked: Callable[[str | None], bool]) -> list[str]:
+    """SIGKILL every process whose WORKER_MARK (None: it has none) `marked` accepts; their descriptions."""
     killed = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(WORKER_MARK) not in marks:
+            if marked(proc.environ().get(WORKER_MARK)) is not True:  # (only a plain yes kills)
                 continue
             what = f"{proc.pid} ({proc.name()})"
             proc.kill()

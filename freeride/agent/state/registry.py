@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
-from freeride.agent.state.vault import SecretFiles, split
+from freeride.agent.state.vault import SecretFileError, SecretFiles, split
 from freeride.core.private import create_private
 from freeride.errors import FreerideError
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -61,6 +64,7 @@ class Registry:
         """`secrets`: where secret task arguments are kept (default: `secrets/` beside the database)."""
         self.path = path
         self._secrets = secrets if secrets is not None else SecretFiles(path.parent / "secrets")
+        self._parked: set[str] = set()  # tasks FAILED at load for an unreadable secrets file (logged once)
         try:
             os.close(create_private(path, os.O_RDWR | os.O_CREAT))  # SQLite gives -wal and -shm the file's mode
             self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
@@ -99,14 +103,22 @@ class Registry:
             return
         with self._tx():
             for task_id, spec, (public, secret) in found:
-                self._secrets.write(task_id, {**(self._secrets.read(task_id) or {}), **secret})
+                self._secrets.write(task_id, {**self._readable_secrets(task_id), **secret})
                 self._db.execute("UPDATE tasks SET spec=? WHERE id=?", (json.dumps({**spec, "args": public}),
                                                                         int(task_id)))
+
+    def _readable_secrets(self, task_id: str) -> dict[str, str]:
+        """(Moving an older row's passwords out.) What the task's secrets file holds; nothing if it cannot be read:
+        that row still holds every argument whole, so the file is rewritten from it."""
+        try:
+            return self._secrets.read(task_id) or {}
+        except SecretFileError:
+            return {}
 
     def _verify(self) -> None:
         """Decode every row now: SQLite has no checksums, so a flipped byte in a row shows only here."""
         self.load()
-        for (gpu,) in self._db.execute("SELECT gpu FROM ledger").fetchall():
+        for gpu in self.ledger_gpus():
             self.load_ledger(gpu)
 
     def close(self) -> None:
@@ -206,9 +218,9 @@ class Registry:
             " checkpoint_steps, step_estimate_ns, peak_memory_bytes FROM tasks ORDER BY id"
         ).fetchall()
         return [
-            TaskRecord(
+            self._parked_if_secrets_unreadable(TaskRecord(
                 id=str(r[0]),
-                spec=self._with_secrets(str(r[0]), TaskSpec(**json.loads(r[1]))),
+                spec=TaskSpec(**json.loads(r[1])),
                 state=TaskState(r[2]),
                 kind=r[3],
                 reason=r[4],
@@ -220,13 +232,26 @@ class Registry:
                 checkpoint_steps=r[10],
                 step_estimate_ns=r[11],
                 peak_memory_bytes=r[12],
-            )
+            ))
             for r in rows
         ]
 
-    def _with_secrets(self, task_id: str, spec: TaskSpec) -> TaskSpec:
-        secret = self._secrets.read(task_id)
-        return replace(spec, args={**spec.args, **secret}) if secret else spec
+    def _parked_if_secrets_unreadable(self, rec: TaskRecord) -> TaskRecord:
+        """The record with its secret arguments put back; FAILED (its arguments masked) when its secrets file
+        cannot be read: one task's file must not keep the agent, every other task and the ledger from starting."""
+        try:
+            secret = self._secrets.read(rec.id)
+        except SecretFileError as exc:
+            reason = self._secrets.unreadable_reason(rec.id, exc)
+            if rec.id not in self._parked:  # (the rows are read twice at a start: checked at open, then loaded)
+                self._parked.add(rec.id)
+                log.error("task %s is FAILED: %s", rec.id, reason)
+            return replace(rec, state=TaskState.FAILED, reason=reason)
+        return replace(rec, spec=replace(rec.spec, args={**rec.spec.args, **secret})) if secret else rec
+
+    def ledger_gpus(self) -> list[int]:
+        """The GPUs with a ledger row here (one per agent that used this state directory)."""
+        return [gpu for (gpu,) in self._db.execute("SELECT gpu FROM ledger ORDER BY gpu").fetchall()]
 
     def load_ledger(self, gpu: int) -> Counters:
         try:

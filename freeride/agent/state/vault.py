@@ -2,7 +2,8 @@
 
 The database row of such a task stores the argument masked (`***`, as every answer shows it); the value
 itself goes to `secrets/task-N.json` beside the database, 0600 in a 0700 directory, removed with the task.
-The agent reads it back when it loads its tasks, so a restarted worker still gets the whole URL.
+The agent reads it back when it loads its tasks, so a restarted worker still gets the whole URL; a file
+that cannot be read fails its task alone (`SecretFileError`, the reason naming the file), never the start.
 
 What this protects against: a copy of the database leaving the host or the agent's user (a bug report, a
 backup, `sqlite3 freeride.db .dump` pasted into a ticket, a support bundle) carries no password. What it
@@ -19,6 +20,15 @@ from pathlib import Path
 
 from freeride.core.private import create_private, private_dir
 from freeride.core.secrets import mask
+
+
+class SecretFileError(Exception):
+    """A task's secrets file exists but does not hold its arguments (a torn write, a disk error, an edit)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
 
 
 def split(args: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -58,12 +68,22 @@ class SecretFiles:
             raise
 
     def read(self, task_id: str) -> dict[str, str] | None:
-        """The task's secret arguments; None when it has no file."""
+        """The task's secret arguments; None when it has no file; SecretFileError when it cannot be read."""
+        path = self._path(task_id)
         try:
-            data = json.loads(self._path(task_id).read_text())
+            data = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
+        except (OSError, ValueError) as exc:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+            raise SecretFileError(path, str(exc)) from exc
+        if not isinstance(data, dict):
+            raise SecretFileError(path, f"it holds a JSON {type(data).__name__}, not an object")
         return {str(key): str(value) for key, value in data.items()}
+
+    def unreadable_reason(self, task_id: str, exc: SecretFileError) -> str:
+        """The reason a task whose secrets file cannot be read is FAILED with: which file, what to do."""
+        return (f"its secret arguments cannot be read from {exc.path} ({exc.why}), so it cannot run: submit it "
+                f"again with its arguments; `freeride rm {task_id}` removes this one and that file")
 
     def remove(self, task_ids: list[str]) -> None:
         for task_id in task_ids:

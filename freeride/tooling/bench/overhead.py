@@ -81,6 +81,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mps-thread-percentage", type=int, default=None, metavar="N",
                    help="the agent's --mps-thread-percentage: side tasks use at most N%% of the SMs under MPS "
                         "(default: the agent's, 50; 0: no cap)")
+    p.add_argument("--green-sms", type=int, default=0, metavar="N",
+                   help="the agent's --green-sms: side tasks' kernels in a CUDA green context of N SMs (0: off)")
     p.add_argument("--margin-ms", type=float, default=None, metavar="MS",
                    help="the agent's --margin-ms: cut from each window's end (default: the agent's)")
     p.add_argument("--edge-sync", choices=[*EDGE_MODES, "all"], default=DEFAULT_EDGE_MODE,
@@ -137,7 +139,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         "note": "CPU smoke test: not representative of a GPU" if cpu else "",
         "schedule": "1F1B", "p": ns.stages, "m": ns.microbatches, "stage": ns.stage, **shape,
         "iterations": iterations, "solo_iterations": solo, "side_task": ns.side_task, "side_args": side_args,
-        "mps_thread_percentage": ns.mps_thread_percentage, "margin_ms": ns.margin_ms, "target": ns.target,
+        "mps_thread_percentage": ns.mps_thread_percentage, "green_sms": ns.green_sms, "margin_ms": ns.margin_ms,
+        "target": ns.target,
         "mps": modes[0], **first_run(modes[0]), "runs": runs,
     }
     if "start" in modes and modes[0] != "start":
@@ -170,6 +173,8 @@ def _run_config(ns: argparse.Namespace, mode: str, edge: str, neighbour: str, sh
         extra = ["--headroom", "0"]
         if ns.margin_ms is not None:
             extra += ["--margin-ms", str(ns.margin_ms)]
+        if ns.green_sms:
+            extra += ["--green-sms", str(ns.green_sms)]
         env = dict(os.environ)
         if mode == "start":
             pipe = root / "mps" / "pipe"
