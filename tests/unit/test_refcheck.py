@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from freeride.agent.domain.model import TaskSpec
 from freeride.agent.config import MAX_CHECK_TIMEOUT_S
+from freeride.agent.domain.model import TaskSpec
 from freeride.agent.engine.refcheck import RefChecks, out_of_time
 from freeride.errors import InvalidStateError, TaskRefError
 
