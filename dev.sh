@@ -68,7 +68,7 @@ system_tools() {
 # What ./dev.sh test-torch runs: every test that imports torch or runs a pipeline.
 TORCH_TESTS=(
     tests/integration/test_torch_pipelining.py tests/integration/test_reporter.py
-    tests/integration/test_deepspeed.py tests/integration/test_megatron.py
+    tests/integration/test_deepspeed.py tests/integration/test_megatron.py tests/integration/test_torchtitan.py
     tests/integration/test_bench_overhead.py tests/integration/test_benchmarks.py
     tests/unit/test_edges.py tests/unit/test_torch_hook.py tests/side_tasks
 )

@@ -53,9 +53,11 @@ _local = threading.local()  # .active: the Instrumentation whose step() runs on 
 
 
 class Instrumentation(Instrumented):
-    def __init__(self, schedule: Any, tracker: WaitTracker) -> None:
+    def __init__(self, schedule: Any, tracker: WaitTracker, stages: list[Any] | None = None) -> None:
         super().__init__(tracker)
         self.schedule = schedule
+        self.stages = stages or []
+        self.checked = False  # whether a step() has completed (and been checked for waits)
         self._tagged_ops: dict[int, int] = {}
         self._tagged_works: dict[int, int] = {}
         self.batch_depth = 0  # nested _batch_p2p calls in progress
@@ -72,25 +74,43 @@ class Instrumentation(Instrumented):
         previous = getattr(_local, "active", None)
         _local.active = self
         try:
-            return original(*args, **kwargs)
-        finally:
+            result = original(*args, **kwargs)
+        finally:  # a step that raised is the training's exception: it goes up as it is, the hooks stay
             _local.active = previous
             tracker.end_step()
-            if tracker.iteration == 0:
-                self._check_fired()
+        if not self.checked:
+            self.checked = True
+            self._check_fired()
+        return result
 
     def _check_fired(self) -> None:
-        """The hook is private to torch: say so plainly if a multi-rank step went by without a wait."""
+        """The hook is private to torch: say so plainly if the first step() that completed, in a pipeline of more
+        than one rank, went by without a single wait reaching it (and stop costing the step anything)."""
+        if self.tracker.waits_seen or self._pipeline_ranks() <= 1:
+            return
         import torch
+
+        with _hook_lock:
+            holders = sorted({m.__name__ for m, n, _ in _patched if n == "_wait_batch_p2p"})
+        log.error(
+            "freeride saw no pipeline wait in the first completed step() of %s (a pipeline of %d ranks; torch %s, "
+            "freeride's hook is tested with torch %s): it looks for calls of _wait_batch_p2p with works to wait on, "
+            "hooked in %s, and none came. Bubbles cannot be reported, so the instrumentation is removed; training "
+            "goes on unchanged. If this torch waits for pipeline peers elsewhere, report it to freeride with the "
+            "output of: python -c 'from freeride.trainer.torch_pipelining import hook_points; print(hook_points())'",
+            type(self.schedule).__name__, self._pipeline_ranks(), torch.__version__, TESTED_TORCH,
+            ", ".join(holders) or "no module",
+        )
+        self.undo()
+
+    def _pipeline_ranks(self) -> int:
+        """The ranks of this pipeline (the stage's group), else of the world: one rank alone waits for nobody."""
+        ranks = int(getattr(self.stages[0], "group_size", 0) or 0) if self.stages else 0
+        if ranks:
+            return ranks
         import torch.distributed as dist
 
-        if self.tracker.waits_seen == 0 and dist.is_initialized() and dist.get_world_size() > 1:
-            log.error(
-                "freeride saw no pipeline wait in the first step() with torch %s (tested: %s): "
-                "bubbles are not reported; instrumentation removed",
-                torch.__version__, TESTED_TORCH,
-            )
-            self.undo()
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     # -- the wrapped module functions ----------------------------------------------------------------
     def tag(self, ops: list[Any], direction: int) -> list[Any]:
@@ -283,7 +303,7 @@ def instrument(
         reporter.pipeline = pipeline  # said in its next hello
     tracker = WaitTracker(reporter, clock_for(device, edge_sync, sync_cuda), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
-    inst = Instrumentation(schedule, tracker)
+    inst = Instrumentation(schedule, tracker, stages)
     _install_hook()
     inst._undo.append(_remove_hook)
     for stage in stages:

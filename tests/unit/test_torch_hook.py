@@ -17,6 +17,7 @@ import torch
 import torch.distributed.pipelining.schedules as schedules
 
 from freeride.trainer import torch_pipelining as tp
+from freeride.trainer.waits import BETWEEN_STEPS_SLOT
 
 
 class _Reporter:
@@ -101,5 +102,101 @@ def test_on_a_cpu_stage_the_edges_are_the_cpu_wait_whatever_the_mode_asked() -> 
     inst = tp.instrument(_Schedule(_CpuStage()), _Reporter(), edge_sync="event")  # type: ignore[arg-type]
     try:
         assert inst.edge_mode == "off"  # gloo blocks the CPU: the wait is exact, nothing to synchronise
+    finally:
+        inst.undo()
+
+
+class _QuietReporter(_Reporter):
+    """What the tracker of a CPU stage calls on its reporter; nothing is sent anywhere."""
+
+    def hold(self) -> bool:
+        return False
+
+    def set_iteration(self, iteration: int) -> None:
+        pass
+
+    def start(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def end(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class _PeerStage(_CpuStage):
+    group_size = 2  # one of two ranks: a completed step must have waited for the other
+
+
+class _Work:
+    def wait(self) -> None:
+        pass
+
+
+class _StepSchedule(_Schedule):
+    """A schedule whose step() does what it is told: wait for a peer (through the module's name, as torch's
+    schedules do), raise, or neither."""
+
+    def step(self, action: str = "wait") -> None:  # type: ignore[override]
+        if action == "raise":
+            raise _TrainingError("the user's own error")
+        if action == "wait":
+            schedules._wait_batch_p2p([_Work()])
+
+
+class _TrainingError(RuntimeError):
+    pass
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == tp.__name__ and r.levelno >= 40]
+
+
+def test_a_first_step_that_raises_goes_up_untouched_and_leaves_the_instrumentation_in_place(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # a job of two ranks, as torchrun starts it
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    schedule = _StepSchedule(_PeerStage())
+    users = tp._hook_users
+    inst = tp.instrument(schedule, _QuietReporter(), record=True, min_report_us=0)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(_TrainingError, match="the user's own error"):
+            schedule.step("raise")
+        assert _errors(caplog) == []  # the user's exception, not freeride's diagnosis
+        assert "step" in vars(schedule) and tp._hook_users == users + 1  # still instrumented
+        schedule.step("wait")
+        assert [(b.iteration, b.slot) for b in inst.bubbles if b.slot != BETWEEN_STEPS_SLOT] == [(1, 0)]  # its wait
+        assert _errors(caplog) == []
+    finally:
+        inst.undo()
+    assert tp._hook_users == users
+
+
+def test_a_step_that_completes_without_a_wait_is_diagnosed_naming_what_was_looked_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    schedule = _StepSchedule(_PeerStage())
+    users = tp._hook_users
+    inst = tp.instrument(schedule, _QuietReporter())  # type: ignore[arg-type]
+    try:
+        schedule.step("nothing")
+    finally:
+        inst.undo()
+    [message] = _errors(caplog)
+    assert message.startswith("freeride saw no pipeline wait in the first completed step() of _StepSchedule "
+                              f"(a pipeline of 2 ranks; torch {torch.__version__}")
+    assert ("it looks for calls of _wait_batch_p2p with works to wait on, hooked in "
+            "torch.distributed.pipelining.schedules") in message
+    assert "hook_points()" in message  # what to send, to say which torch does it elsewhere
+    assert "step" not in vars(schedule) and tp._hook_users == users  # removed: it would only cost
+
+
+def test_a_rank_alone_in_its_pipeline_is_not_diagnosed(caplog: pytest.LogCaptureFixture) -> None:
+    schedule = _StepSchedule(_CpuStage())  # no peer stage, no process group: nobody to wait for
+    inst = tp.instrument(schedule, _QuietReporter())  # type: ignore[arg-type]
+    try:
+        schedule.step("nothing")
+        assert _errors(caplog) == [] and "step" in vars(schedule)
     finally:
         inst.undo()

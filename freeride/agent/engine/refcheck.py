@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from freeride.agent.config import MAX_CHECK_TIMEOUT_S
 from freeride.agent.domain.model import TaskSpec
 from freeride.core.cpu import Placement
 from freeride.errors import InvalidStateError, TaskRefError
@@ -118,10 +119,7 @@ class RefChecks:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         if timed_out:
             module = spec.ref.rpartition(":")[0] or spec.ref
-            raise TaskRefError(
-                f"importing {module!r} did not finish in {self.timeout_s:g} s: keep slow work (sleeps, downloads, "
-                "network calls) out of its import and its check_args; the check was stopped"
-            )
+            raise TaskRefError(out_of_time(module, self.timeout_s))
         return _answer(spec, out, err)
 
     def close(self) -> None:
@@ -129,6 +127,18 @@ class RefChecks:
         self._closed = True
         for pgid in list(self._running):
             _kill_group(pgid)
+
+
+def out_of_time(module: str, timeout_s: float) -> str:
+    """Why a check that ran out of time was refused, and what to do when the task is not slow but the machine is
+    (a loaded host; a large import such as torch's, several at once)."""
+    said = (f"importing {module!r} did not finish in {timeout_s:g} s: keep slow work (sleeps, downloads, network "
+            "calls) out of its import and its check_args; the check was stopped. If the machine is only busy, submit "
+            "again")
+    if timeout_s >= MAX_CHECK_TIMEOUT_S:
+        return said + " when it is less so"
+    return (f"{said}, or start the agent with a longer --check-timeout-s (now {timeout_s:g}, at most "
+            f"{MAX_CHECK_TIMEOUT_S:g}; or FREERIDE_CHECK_TIMEOUT_S)")
 
 
 def _answer(spec: TaskSpec, out: bytes, err: bytes) -> dict[str, Any]:

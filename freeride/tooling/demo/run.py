@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from freeride.agent.config import MAX_CHECK_TIMEOUT_S
 from freeride.cli.common import UsageError
 from freeride.client import AgentClient
 from freeride.tooling.bench.pipeline import PipelineRun
@@ -99,9 +100,13 @@ def _agents(root: Path, plan: Plan, console: Console) -> Iterator[list[AgentProc
     """One agent per stage; on a CPU its workers pinned to its stage's core, at the plan's priority."""
     stages = plan.pipeline.stages
     workers = ["--worker-nice", str(plan.worker_nice), "--worker-sched", plan.worker_sched]
+    # Every side task is submitted at once, so each agent checks its tasks side by side, each check a process
+    # importing torch: on a loaded 2-core machine one took over the default 20 s. The demo's tasks are known to
+    # import quickly otherwise, so their checks get the longest time an agent allows.
+    checks = ["--check-timeout-s", f"{MAX_CHECK_TIMEOUT_S:g}"]
     procs = [
         AgentProcess(state_dir=root / f"state{s}", gpu=s, new_session=True,
-                     extra_args=["--shutdown-grace-s", "5", *workers,
+                     extra_args=["--shutdown-grace-s", "5", *checks, *workers,
                                  *(["--worker-cpus", str(plan.cpus[s])] if plan.cpus else [])])
         for s in range(stages)
     ]
