@@ -271,9 +271,10 @@ def test_pause_resume_cancel_walk_a_task_through_its_states(agent, client):
         pytest.param(["--tcp", "localhost"], {}, ["--tcp", "HOST:PORT"], id="tcp-without-port"),
         pytest.param(["--log-format", "xml"], {}, ["--log-format", "'xml'"], id="unknown-log-format"),
         pytest.param([], {"FREERIDE_MARGIN_MS": "abc"}, ["FREERIDE_MARGIN_MS", "'abc'"], id="margin-env-not-a-number"),
-        pytest.param([], {"FREERIDE_MAX_RESTARTS": "-2"}, ["--max-restarts", ">= 0"], id="negative-max-restarts-env"),
+        pytest.param([], {"FREERIDE_MAX_RESTARTS": "-2"}, ["FREERIDE_MAX_RESTARTS", ">= 0"],
+                     id="negative-max-restarts-env"),
         pytest.param(["--bubble-path", "ring"], {}, ["--bubble-path", "'ring'"], id="unknown-bubble-path"),
-        pytest.param([], {"FREERIDE_BUBBLE_PATH": "ring"}, ["--bubble-path", "auto or grpc", "'ring'"],
+        pytest.param([], {"FREERIDE_BUBBLE_PATH": "ring"}, ["FREERIDE_BUBBLE_PATH", "auto or grpc", "'ring'"],
                      id="unknown-bubble-path-env"),
     ],
 )
