@@ -37,8 +37,11 @@ import torch
 from freeride import IterativeTask, PoolItem, PoolTask, StepBudget
 from sidetasks.decoding import Completion, Decoder, Prompt, Sampling, with_model_stop
 from sidetasks.files import publish
+from sidetasks.hf import has_tokenizer, no_tokenizer
 from sidetasks.jsonl import Lines
 from sidetasks.models import check_model, encoder, load_model
+
+DEFAULT_MODEL = "sidetasks.models:byte_decoder"
 
 
 def read_prompts(path: str) -> list[tuple[str, dict[str, Any]]]:
@@ -78,12 +81,12 @@ def prompt_tokens(prompt_id: str, args: Mapping[str, Any], encode: Callable[[str
     return [int(t) for t in tokens]
 
 
-def completion_record(c: Completion, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+def completion_record(c: Completion, decode: Callable[[list[int]], str | None]) -> dict[str, Any]:
     return {"id": c.id, "completion": decode(c.tokens), "tokens": c.tokens, "finish": c.finish}
 
 
 def _check_common(kwargs: Mapping[str, Any]) -> None:
-    check_model(str(kwargs.get("model", "sidetasks.models:byte_decoder")), str(kwargs.get("weights", "")))
+    check_model(str(kwargs.get("model", DEFAULT_MODEL)), str(kwargs.get("weights", "")))
     Sampling(int(kwargs.get("max_new_tokens", 64)), float(kwargs.get("temperature", 0.0)),
              float(kwargs.get("top_p", 1.0))).check()
 
@@ -104,7 +107,7 @@ class Generate(IterativeTask):
 
     mem_limit_bytes = 1024 * 2**20  # weights, KV cache and activations: the batch is sized to fit the cap
 
-    def __init__(self, prompts: str = "", out: str = "", model: str = "sidetasks.models:byte_decoder",
+    def __init__(self, prompts: str = "", out: str = "", model: str = DEFAULT_MODEL,
                  weights: str = "", max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, stop_token: int = -1, max_batch: int = 16, device: str = "cpu",
                  max_step_ms: float = 10.0, threads: int = 1) -> None:
@@ -122,9 +125,13 @@ class Generate(IterativeTask):
     def check_args(cls, **kwargs: Any) -> None:
         if not kwargs.get("prompts"):
             raise ValueError("pass prompts=FILE (JSON lines {\"id\": ..., \"prompt\": \"text\"}, or one prompt a line)")
-        if not read_prompts(str(kwargs["prompts"])):
+        prompts = read_prompts(str(kwargs["prompts"]))
+        if not prompts:
             raise ValueError(f"prompts={kwargs['prompts']} holds no prompt")
         _check_common(kwargs)
+        model = str(kwargs.get("model", DEFAULT_MODEL))
+        if ":" not in model and not has_tokenizer(model) and any("tokens" not in args for _, args in prompts):
+            raise no_tokenizer(model)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -245,7 +252,7 @@ class GeneratePool(PoolTask):
 
     mem_limit_bytes = 1024 * 2**20
 
-    def __init__(self, pool: str, out_dir: str = "", model: str = "sidetasks.models:byte_decoder",
+    def __init__(self, pool: str, out_dir: str = "", model: str = DEFAULT_MODEL,
                  weights: str = "", max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, stop_token: int = -1, device: str = "cpu", threads: int = 1) -> None:
         super().__init__(pool)
