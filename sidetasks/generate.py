@@ -37,17 +37,20 @@ import torch
 from freeride import IterativeTask, PermanentError, PoolItem, PoolTask, StepBudget
 from sidetasks.decoding import Completion, Decoder, Prompt, Sampling, with_model_stop
 from sidetasks.files import publish
+from sidetasks.hf import has_tokenizer, no_tokenizer
 from sidetasks.jsonl import Lines
 from sidetasks.models import Limits, check_model, declared_limits, encoder, load_model
 from sidetasks.prompts import fit_problem, known_tokens, prompt_tokens, read_prompts
 
+DEFAULT_MODEL = "sidetasks.models:byte_decoder"
 
-def completion_record(c: Completion, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+
+def completion_record(c: Completion, decode: Callable[[list[int]], str | None]) -> dict[str, Any]:
     return {"id": c.id, "completion": decode(c.tokens), "tokens": c.tokens, "finish": c.finish}
 
 
 def _check_common(kwargs: Mapping[str, Any]) -> None:
-    check_model(str(kwargs.get("model", "sidetasks.models:byte_decoder")), str(kwargs.get("weights", "")))
+    check_model(str(kwargs.get("model", DEFAULT_MODEL)), str(kwargs.get("weights", "")))
     Sampling(int(kwargs.get("max_new_tokens", 64)), float(kwargs.get("temperature", 0.0)),
              float(kwargs.get("top_p", 1.0))).check()
 
@@ -68,7 +71,7 @@ class Generate(IterativeTask):
 
     mem_limit_bytes = 1024 * 2**20  # weights, KV cache and activations: the batch is sized to fit the cap
 
-    def __init__(self, prompts: str = "", out: str = "", model: str = "sidetasks.models:byte_decoder",
+    def __init__(self, prompts: str = "", out: str = "", model: str = DEFAULT_MODEL,
                  weights: str = "", max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, stop_token: int = -1, max_batch: int = 16, device: str = "cpu",
                  max_step_ms: float = 10.0, threads: int = 1) -> None:
@@ -94,9 +97,12 @@ class Generate(IterativeTask):
         if not prompts:
             raise ValueError(f"prompts={path} holds no prompt")
         _check_common(kwargs)
+        model = str(kwargs.get("model", DEFAULT_MODEL))
+        if ":" not in model and not has_tokenizer(model) and any("tokens" not in args for _, args in prompts):
+            raise no_tokenizer(model)
         # What the model declares without being built (the shipped one does): a prompt it cannot take is refused
         # here, not after a worker loaded the model; the worker checks the rest against the model it built.
-        limits = declared_limits(str(kwargs.get("model", "sidetasks.models:byte_decoder")))
+        limits = declared_limits(model)
         if limits is None:
             return
         for prompt_id, args in prompts:
@@ -235,7 +241,7 @@ class GeneratePool(PoolTask):
 
     mem_limit_bytes = 1024 * 2**20
 
-    def __init__(self, pool: str, out_dir: str = "", model: str = "sidetasks.models:byte_decoder",
+    def __init__(self, pool: str, out_dir: str = "", model: str = DEFAULT_MODEL,
                  weights: str = "", max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, stop_token: int = -1, device: str = "cpu", threads: int = 1) -> None:
         super().__init__(pool)

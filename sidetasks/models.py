@@ -4,7 +4,7 @@ A model is named by `model=`:
 - `package.module:callable` or `path/to/file.py:callable`: a factory called with no arguments that returns a
   torch `nn.Module`; `weights=PATH` then loads a state dict into it (`torch.load(PATH)`, or its "model" entry);
 - a directory: a local Hugging Face causal LM (`transformers` installed; `local_files_only=True`, nothing is
-  downloaded), through `HFCausalLM` below.
+  downloaded; its tokenizer optional), through `sidetasks.hf.HFCausalLM`.
 
 A language model's forward signature (the KV-cache protocol the decoder batches over):
 
@@ -42,6 +42,8 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from sidetasks.hf import HFCausalLM, check_directory
 
 VOCAB = 256
 MAX_LEN = 1024  # the shipped byte decoder's positions
@@ -97,11 +99,7 @@ def check_model(model: str, weights: str = "") -> None:
         directory = Path(model)
         if not directory.is_dir():
             raise ValueError(f"model={model} is neither package.module:factory nor a directory")
-        if not (directory / "config.json").is_file():
-            raise ValueError(f"model={model}: no config.json in it (a local Hugging Face model directory has one)")
-        if importlib.util.find_spec("transformers") is None:
-            raise ValueError(f"model={model} is a Hugging Face directory, but transformers is not installed "
-                             "(pip install transformers)")
+        check_directory(model)
         return
     module_part, _, name = model.rpartition(":")
     if module_part.endswith(".py") and not Path(module_part).is_file():
@@ -144,8 +142,8 @@ def _resolve(module_part: str, name: str) -> Callable[[], Any]:
     return cast(Callable[[], Any], found)
 
 
-def encoder(model: nn.Module) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """The model's own encode/decode, or UTF-8 bytes."""
+def encoder(model: nn.Module) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str | None]]:
+    """The model's own encode/decode (a Hugging Face model without a tokenizer decodes to None), or UTF-8 bytes."""
     enc, dec = getattr(model, "encode", None), getattr(model, "decode", None)
     if callable(enc) and callable(dec):
         return enc, dec
@@ -236,41 +234,3 @@ def lm_loss(model: nn.Module, tokens: torch.Tensor) -> tuple[float, int]:
 
 def perplexity(loss_per_token: float) -> float:
     return math.exp(min(loss_per_token, 700.0))
-
-
-class HFCausalLM(nn.Module):
-    """A local Hugging Face causal LM behind the KV-cache protocol (its cache as the legacy per-layer (k, v)).
-
-    Loaded with `local_files_only=True`; its tokenizer gives `encode` and `decode`.
-    """
-
-    def __init__(self, directory: str) -> None:
-        super().__init__()
-        transformers = importlib.import_module("transformers")
-        self.lm = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        self.eos_token_id = self.tokenizer.eos_token_id
-        # Positions past the trained ones index out of the position table (GPT-2's n_positions; on a GPU a
-        # device-side assert that poisons the process): the decoder refuses prompts that would reach them.
-        self.max_len = _whole(getattr(self.lm.config, "max_position_embeddings",
-                                      getattr(self.lm.config, "n_positions", None)))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids))
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        past = None
-        if cache is not None:
-            past = tuple((cache[i], cache[i + 1]) for i in range(0, len(cache), 2))
-            cache_cls = getattr(importlib.import_module("transformers"), "DynamicCache", None)
-            if cache_cls is not None and hasattr(cache_cls, "from_legacy_cache"):
-                past = cache_cls.from_legacy_cache(past)
-        out = self.lm(input_ids=tokens, position_ids=positions, attention_mask=mask.long(), past_key_values=past,
-                      use_cache=True)
-        present = out.past_key_values
-        layers = present.to_legacy_cache() if hasattr(present, "to_legacy_cache") else present
-        return out.logits, [t for kv in layers for t in kv]
