@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,13 @@ class Loaded:
 class Reader:
     """Finds and reads the oldest checkpoint in `directory` not evaluated yet, one read at a time, off the step."""
 
-    def __init__(self, directory: Path, shapes: Mapping[str, torch.Size]) -> None:
+    def __init__(self, directory: Path, shapes: Mapping[str, torch.Size],
+                 names: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """`names`: the model's own renaming of a checkpoint's state to its `state_dict()` names (a Hugging Face
+        model wrapped by sidetasks.hf reads the wrapped model's own names too)."""
         self.directory = directory
         self._shapes = dict(shapes)
+        self._names = names
         self.listings = 0
         self._unreadable: set[str] = set()  # name@mtime@size of files that did not load: tried when they change
         self._done = threading.Event()  # set while no read is under way
@@ -103,6 +107,8 @@ class Reader:
         try:
             obj: Any = torch.load(path, map_location="cpu", weights_only=True)
             state = obj["model"] if isinstance(obj, dict) and "model" in obj else obj
+            if self._names is not None and isinstance(state, dict):
+                state = self._names(state)
             problem = self._misfit(state)
             if problem:
                 raise ValueError(problem)

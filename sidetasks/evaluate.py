@@ -131,7 +131,8 @@ class Evaluate(IterativeTask):
         out = Path(self.out_arg) if self.out_arg else Path(self.context.checkpoint_path).with_suffix(".evals.jsonl")
         self.lines = Lines(out)
         self.evaluated = {f"{r['checkpoint']}@{r['mtime_ns']}" for r in self.lines.existing}
-        self.reader = Reader(self.dir, {k: v.shape for k, v in self.model.state_dict().items()})
+        self.reader = Reader(self.dir, {k: v.shape for k, v in self.model.state_dict().items()},
+                             getattr(self.model, "own_names", None))
         with torch.no_grad():
             self._score(0)  # warm-up: the first real unit is then as fast as the rest
 

@@ -90,6 +90,13 @@ class HFCausalLM(nn.Module):
     def decode(self, ids: list[int]) -> str | None:
         return None if self.tokenizer is None else str(self.tokenizer.decode(ids))
 
+    def own_names(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's state under this wrapper's names: the Hugging Face model's own ("lm_head.weight", what a
+        training run of it saves) become "lm.lm_head.weight"; a state already in the wrapper's names is kept."""
+        if state and all(key.startswith("lm.") for key in state):
+            return state
+        return {f"lm.{key}": value for key, value in state.items()}
+
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """The Hugging Face model's own state dict (what a training run of it saves), or this wrapper's ("lm.")."""
         if state_dict and all(key.startswith("lm.") for key in state_dict):

@@ -23,6 +23,7 @@ import pytest
 import torch
 from sidetask_harness import checkpoint, progress, resumed, run, started
 
+from freeride import PermanentError
 from sidetasks.evaluate import Evaluate
 from sidetasks.generate import Generate
 from sidetasks.hf import check_directory
@@ -108,7 +109,7 @@ def test_generate_cut_into_bubbles_equals_transformers_greedy_generate_without_a
 ) -> None:
     directory, model = saved
     prompts = write_token_prompts(tmp_path / "prompts.jsonl")
-    Generate.check_args(prompts=str(prompts), model=str(directory))  # token ids: no tokenizer needed
+    Generate.check_args(prompts=str(prompts), model=str(directory), max_new_tokens=MAX_NEW)  # ids: no tokenizer
 
     whole = started(generate(tmp_path, directory, "whole.jsonl", prompts, max_step_ms=60_000), tmp_path, 1000.0)
     assert whole.model.eos_token_id == model.generation_config.eos_token_id
@@ -150,15 +151,16 @@ def test_text_prompts_need_a_tokenizer_in_the_directory_and_are_refused_at_submi
     prompts.write_text(json.dumps({"id": "a", "prompt": "def f(x):"}) + "\n"
                        + json.dumps({"id": "b", "tokens": [5, 6]}) + "\n")
     with pytest.raises(ValueError, match=f"model={directory} has no tokenizer") as exc:
-        Generate.check_args(prompts=str(prompts), model=str(directory))
+        Generate.check_args(prompts=str(prompts), model=str(directory), max_new_tokens=MAX_NEW)
     assert "tokens" in str(exc.value) and "\n" not in str(exc.value)
-    with pytest.raises(ValueError, match=f"model={directory} has no tokenizer"):  # and at setup, if it got there
+    # and at setup, if it got there: for good (a restart would read the same files)
+    with pytest.raises(PermanentError, match=f"model={directory} has no tokenizer"):
         started(generate(tmp_path, directory, "no.jsonl", prompts), tmp_path)
 
     with_tokenizer = tmp_path / "with-tokenizer"
     model.save_pretrained(with_tokenizer)
     tokenizer = save_tokenizer(with_tokenizer)
-    Generate.check_args(prompts=str(prompts), model=str(with_tokenizer))
+    Generate.check_args(prompts=str(prompts), model=str(with_tokenizer), max_new_tokens=MAX_NEW)
     task = started(generate(tmp_path, with_tokenizer, "text.jsonl", prompts, max_step_ms=60_000), tmp_path, 1000.0)
     run(task)
     got = records(tmp_path / "text.jsonl")
@@ -188,6 +190,7 @@ def test_evaluate_scores_the_models_own_state_dict_with_the_loss_transformers_co
         if out.exists() and out.read_text():
             break
         task.step()
+        assert task.reader.wait(30)  # the checkpoint is read off the steps (sidetasks/checkpoints.py)
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     rows = torch.from_numpy(ids).view(10, 17)
     with torch.no_grad():
