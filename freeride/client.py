@@ -34,8 +34,9 @@ _CHANNEL_OPTIONS = [
 
 
 # Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.engine.refcheck), then for the check
-# itself (up to its --check-timeout-s, at most 40 s): its deadline exceeds both together.
-SUBMIT_TIMEOUT_S = 120.0
+# itself (up to its --check-timeout-s, at most 40 s; twice with `python`: the interpreter's probe, then the check):
+# its deadline exceeds all together.
+SUBMIT_TIMEOUT_S = 150.0
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -31,8 +31,8 @@ from freeride.errors import InvalidSpecError, InvalidStateError, TaskRefError
 
 PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
 # How long a submit waits for a free slot: a burst of 200 submits on a busy 2-core host took ~20-80 s to check
-# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 120 s) exceeds
-# this plus the longest --check-timeout-s (40 s).
+# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 150 s) exceeds
+# this plus twice the longest --check-timeout-s (40 s: a task's own interpreter is probed, then checked).
 QUEUE_WAIT_S = 60.0
 _PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
 
