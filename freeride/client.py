@@ -34,8 +34,9 @@ _CHANNEL_OPTIONS = [
 
 
 # Submit may wait for a check slot on the agent (up to 60 s, freeride.agent.engine.refcheck), then for the check
-# itself (up to its --check-timeout-s, at most 40 s): its deadline exceeds both together.
-SUBMIT_TIMEOUT_S = 120.0
+# itself (up to its --check-timeout-s, at most 40 s; twice with `python`: the interpreter's probe, then the check):
+# its deadline exceeds all together.
+SUBMIT_TIMEOUT_S = 150.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -103,18 +104,20 @@ class Client:
     @_mapped
     def submit(self, task: tasks_pb2.TaskSpec | str, /, *, args: Mapping[str, object] | None = None, name: str = "",
                priority: int = 0, mem_limit_bytes: int = 0, max_restarts: int | None = None,
-               checkpoint_interval_s: float = 0.0, no_mps: bool = False) -> tasks_pb2.TaskInfo:
+               checkpoint_interval_s: float = 0.0, no_mps: bool = False, python: str = "") -> tasks_pb2.TaskInfo:
         """A new task, as `freeride submit` makes it: `task` is 'package.module:Class' or '/abs/path.py:Class'
         (or a whole TaskSpec, the other arguments then unused); `args` its constructor's arguments (sent as
-        strings); 0, "" and None mean the task's own or the agent's default. Raises INVALID_ARGUMENT with the
-        reason when the agent refuses it (no such class, an argument it does not take, ...).
+        strings); 0, "" and None mean the task's own or the agent's default; `python` the absolute path of the
+        interpreter to run it in (a venv's bin/python with the task's dependencies and the agent's freeride;
+        "": the agent's own). Raises INVALID_ARGUMENT with the reason when the agent refuses it (no such class,
+        an argument it does not take, an interpreter without freeride at the agent's worker protocol, ...).
 
         Submit waits longer than other calls: the agent may first wait for a free check slot, then check
         the task's import, each up to its --check-timeout-s (at most 40 s, freeride.agent.config)."""
         spec = task if isinstance(task, tasks_pb2.TaskSpec) else tasks_pb2.TaskSpec(
             ref=task, args={k: str(v) for k, v in (args or {}).items()}, name=name, priority=priority,
             mem_limit_bytes=mem_limit_bytes, max_restarts=max_restarts, checkpoint_interval_s=checkpoint_interval_s,
-            no_mps=no_mps,
+            no_mps=no_mps, python=python,
         )
         return self.tasks.Submit(tasks_pb2.SubmitRequest(spec=spec), timeout=max(self.timeout_s, SUBMIT_TIMEOUT_S))
 

@@ -25,7 +25,8 @@ from freeride.errors import InvalidSpecError
 __all__ = ["MAX_CHECK_TIMEOUT_S", "AgentConfig", "ConfigError", "declared", "env_defaults"]
 
 # A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
-# --check-timeout-s: the client's deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds both together.
+# --check-timeout-s, twice for a task with its own interpreter (its protocol probe, then the check): the client's
+# deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds all together.
 MAX_CHECK_TIMEOUT_S = 40.0
 
 

@@ -80,6 +80,10 @@ def build_parser(more: AddCommands | None = None) -> argparse.ArgumentParser:
                    help="periodic checkpoint interval (default: the agent's --checkpoint-interval-s)")
     s.add_argument("--no-mps", action="store_true",
                    help="run outside MPS, time-sliced: for untrusted tasks (an MPS client's GPU fault reaches all)")
+    s.add_argument("--python", default="", metavar="PATH",
+                   help="run the task in this interpreter (e.g. /opt/hf/bin/python: a venv with the task's own "
+                        "dependencies and freeride at the agent's version); a bare name is looked up on PATH; "
+                        "default: the agent's own")
     s.set_defaults(func=tasks.cmd_submit)
 
     ls = sub.add_parser("ls", help="list tasks")

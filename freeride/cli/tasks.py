@@ -4,8 +4,11 @@ freeride.cli.manage; logs: freeride.cli.logs)."""
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from freeride.cli import _agents, multi
 from freeride.cli.common import (
@@ -49,11 +52,23 @@ def mem_cap_bytes(text: str) -> int:
     return mem
 
 
+def interpreter_path(text: str) -> str:
+    """--python as the absolute path the agent needs: a bare name (`python3.11`) as found on this shell's PATH,
+    a relative path from this directory; the agent checks the rest (that it runs, its freeride)."""
+    if not text or os.sep in text:
+        return str(Path(text).absolute()) if text else ""
+    found = shutil.which(text)
+    if found is None:
+        raise UsageError(f"--python {text}: no such command on PATH; give the interpreter's path, "
+                         "e.g. --python /opt/hf/bin/python")
+    return str(Path(found).absolute())
+
+
 def cmd_submit(ns: argparse.Namespace) -> int:
     spec = tasks_pb2.TaskSpec(
         name=ns.name, ref=absolute_ref(ns.ref), args=task_args(ns.args), priority=ns.priority,
         mem_limit_bytes=mem_cap_bytes(ns.mem), max_restarts=ns.max_restarts,
-        checkpoint_interval_s=ns.checkpoint_interval, no_mps=ns.no_mps,
+        checkpoint_interval_s=ns.checkpoint_interval, no_mps=ns.no_mps, python=interpreter_path(ns.python),
     )
     agents = _agents.resolve(ns)
     if agents.multi or ns.json:
@@ -101,6 +116,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
         ("priority", str(info.spec.priority)), ("memory cap", format_size(info.spec.mem_limit_bytes)),
         ("memory now", format_size(info.memory_bytes)), ("isolation", "time-sliced (--no-mps)" if info.spec.no_mps
                                                          else "MPS client when the agent runs MPS"),
+        ("python", info.spec.python or "the agent's own"),
         ("restarts", str(info.restarts)), ("pid", str(info.pid or "-")),
         ("log", f"{info.log_path} (freeride logs {info.id})" if info.log_path else "-"),
         ("steps", str(cnt.steps)), ("harvested", format_seconds(cnt.harvested_s)),

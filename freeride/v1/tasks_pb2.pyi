@@ -28,7 +28,7 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "ref", "args", "priority", "mem_limit_bytes", "max_restarts", "checkpoint_interval_s", "no_mps")
+    __slots__ = ("name", "ref", "args", "priority", "mem_limit_bytes", "max_restarts", "checkpoint_interval_s", "python", "no_mps")
     class ArgsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class TaskSpec(_message.Message):
     MEM_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
     NO_MPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     ref: str
@@ -51,8 +52,9 @@ class TaskSpec(_message.Message):
     mem_limit_bytes: int
     max_restarts: int
     checkpoint_interval_s: float
+    python: str
     no_mps: bool
-    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ..., no_mps: bool = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., mem_limit_bytes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., checkpoint_interval_s: _Optional[float] = ..., python: _Optional[str] = ..., no_mps: bool = ...) -> None: ...
 
 class TaskCounters(_message.Message):
     __slots__ = ("steps", "harvested_s", "overrun_s", "overrun_steps", "windows", "killed_steps", "step_estimate_s", "peak_memory_bytes")

@@ -29,12 +29,13 @@ from freeride.core import disk
 from freeride.core.cpu import Placement, apply_from_env
 from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
+from freeride.core.version import WORKER_PROTOCOL
 from freeride.core.window import WindowReader
 from freeride.errors import PermanentError, TaskRefError, TaskStop, Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
 from freeride.v1 import worker_pb2 as pb
 from freeride.v1 import worker_pb2_grpc
-from freeride.worker import green
+from freeride.worker import green, protocol
 from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
 from freeride.worker.estimate import StepEstimator
@@ -442,6 +443,14 @@ def _apply_placement() -> bool:
     return not problem
 
 
+class _PrintProtocol(argparse.Action):
+    """`--protocol`: the one JSON line of protocol.answer(), unwrapped (argparse's version action wraps it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(protocol.answer(), flush=True)
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freeride-worker")
     parser.add_argument("--agent", required=True)
@@ -449,8 +458,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", type=int, required=True)
     parser.add_argument("--window-word-fd", type=int, required=True, help="the window word (a sealed memfd)")
     parser.add_argument("--window-fd", type=int, required=True, help="read end of the agent's wake-up pipe")
+    parser.add_argument("--agent-protocol", type=int, default=WORKER_PROTOCOL,
+                        help="the agent's worker protocol: a worker that speaks another one exits at once")
+    parser.add_argument("--agent-version", default="", help="the agent's freeride version (said on a mismatch)")
+    parser.add_argument("--protocol", action=_PrintProtocol, nargs=0,
+                        help="print this freeride's worker protocol, version and Python as JSON, and exit")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    wrong = protocol.mismatch(ns.agent_protocol, ns.agent_version)
+    if wrong:  # told the agent in the log, marked: the task FAILS with it, no restart (freeride.core.exits)
+        print(REASON_MARK + wrong, file=sys.stderr, flush=True)
+        return NO_RESTART
     if not _apply_placement():
         return 2
     window = WindowReader(ns.window_word_fd, ns.window_fd)

@@ -126,7 +126,7 @@ class FakeLauncher:
         self.scans: list[FakeScan] = []  # one per watchdog tick: its look at the workers' process trees
 
     async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Any, int], None],
-                    env: dict[str, str] | None = None) -> FakeWorker:
+                    env: dict[str, str] | None = None, python: str = "") -> FakeWorker:
         if self.gate is not None:
             self.spawning.set()
             await self.gate.wait()

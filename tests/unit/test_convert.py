@@ -27,6 +27,7 @@ from freeride.agent.edge.convert import (
     event_to_pb,
     gpu_memory_to_pb,
     setup_to_pb,
+    spec_from_pb,
     spec_to_pb,
     task_to_pb,
     window_to_pb,
@@ -113,3 +114,11 @@ def test_every_answer_masks_a_password_and_only_the_worker_setup_carries_it() ->
     setup = setup_to_pb(WorkerSetup(task_ref="m:P", args={"pool": url}, checkpoint_path="", checkpoint_interval_s=0.0,
                                     mem_limit_bytes=0))
     assert setup.setup.args["pool"] == url
+
+
+def test_a_tasks_own_interpreter_crosses_the_edge_both_ways() -> None:
+    pb = tasks_pb2.TaskSpec(name="hf", ref="m:Generate", python="/opt/hf/bin/python")
+    spec = spec_from_pb(pb)
+    assert spec.python == "/opt/hf/bin/python"
+    assert spec_to_pb(spec).python == "/opt/hf/bin/python"
+    assert spec_from_pb(tasks_pb2.TaskSpec(ref="m:T")).python == ""  # unset: the agent's own

@@ -49,6 +49,7 @@ def full_record(task_id: str) -> TaskRecord:
             mem_limit_bytes=256 * 2**20,
             max_restarts=2,
             checkpoint_interval_s=30.0,
+            python="/opt/hf/bin/python",
         ),
         state=TaskState.RUNNING,
         kind="imperative",
@@ -96,6 +97,20 @@ def test_save_then_load_round_trips_every_persisted_field(registry: Registry) ->
     assert loaded.peak_memory_bytes == 123_456_789
     assert loaded.reason == "restarted after a crash"
     assert loaded.restarts == 2
+
+
+def test_a_row_written_before_tasks_had_their_own_interpreter_loads_with_the_agents(
+        registry: Registry, db_path: Path) -> None:
+    rec = new_record("old", python="/opt/hf/bin/python")
+    rec.id = registry.insert(rec)
+    registry.close()
+    with sqlite3.connect(db_path) as db:  # the spec as an agent before `submit --python` wrote it
+        old = {k: v for k, v in asdict(rec.spec).items() if k != "python"}
+        db.execute("UPDATE tasks SET spec=? WHERE id=?", (json.dumps(old), rec.id))
+    db.close()
+    (loaded,) = Registry(db_path).load()
+    assert loaded.spec.python == ""  # run by the agent's own interpreter, as it was
+    assert loaded.spec == replace(rec.spec, python="")
 
 
 def test_save_persists_later_changes_to_a_record(registry: Registry) -> None:

@@ -67,6 +67,7 @@ class TaskSpec:
     max_restarts: int = -1
     checkpoint_interval_s: float = 0.0
     no_mps: bool = False  # run time-sliced, outside MPS: a GPU fault in an MPS client reaches all clients
+    python: str = ""  # the interpreter its check and workers run in (absolute, pinned at submit); "": the agent's
 
 
 @dataclass

@@ -61,6 +61,7 @@ def spec_from_pb(spec: tasks_pb2.TaskSpec) -> TaskSpec:
         max_restarts=spec.max_restarts if spec.HasField("max_restarts") else -1,
         checkpoint_interval_s=spec.checkpoint_interval_s,
         no_mps=spec.no_mps,
+        python=spec.python,
     )
 
 
@@ -76,6 +77,7 @@ def spec_to_pb(spec: TaskSpec) -> tasks_pb2.TaskSpec:
         max_restarts=spec.max_restarts if spec.max_restarts >= 0 else None,
         checkpoint_interval_s=spec.checkpoint_interval_s,
         no_mps=spec.no_mps,
+        python=spec.python,
     )
 
 

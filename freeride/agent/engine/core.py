@@ -41,6 +41,7 @@ from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskStat
 from freeride.agent.domain.timers import TimerHandle
 from freeride.agent.domain.trainers import RankClaims, RingPort, TrainerStream
 from freeride.agent.domain.views import GpuMemory, GpuStats, History, Stats
+from freeride.agent.engine.interpreter import pinned_python
 from freeride.agent.engine.memory import MemoryGuard
 from freeride.agent.engine.pubsub import Hub
 from freeride.agent.engine.refcheck import RefChecks, pinned_ref, with_checked
@@ -213,7 +214,8 @@ class Agent:
         if self.supervisor.stopping:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         check_spec(spec, self.memory.device_total_bytes())
-        spec = dataclasses.replace(spec, ref=pinned_ref(spec.ref))  # what is checked is what every start loads
+        # what is checked is what every start loads and runs it
+        spec = dataclasses.replace(spec, ref=pinned_ref(spec.ref), python=pinned_python(spec.python))
         checked = await self.checks.check(spec)
         spec = with_checked(spec, checked)
         now = time.time()

@@ -1,5 +1,8 @@
 """The reference check at submit: import the task in a throwaway process, never in the agent.
 
+A task with its own interpreter (TaskSpec.python) is checked in that interpreter, after the interpreter itself
+is asked for its worker protocol (freeride.agent.engine.interpreter), in the same slot and under the same limit.
+
 `RefChecks` owns every check process the agent runs. At most `parallel` run at once (each is a
 Python process importing the user's module: 200 concurrent submits must not mean 200 of them);
 the others wait their turn inside their Submit call. Each check runs in its own process group
@@ -22,13 +25,14 @@ from typing import Any
 
 from freeride.agent.config import MAX_CHECK_TIMEOUT_S
 from freeride.agent.domain.model import TaskSpec
+from freeride.agent.engine import interpreter
 from freeride.core.cpu import Placement
-from freeride.errors import InvalidStateError, TaskRefError
+from freeride.errors import InvalidSpecError, InvalidStateError, TaskRefError
 
 PARALLEL_CHECKS = max(1, min(4, os.cpu_count() or 1))  # the host's cores, at most 4: a check is one CPU-bound process
 # How long a submit waits for a free slot: a burst of 200 submits on a busy 2-core host took ~20-80 s to check
-# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 120 s) exceeds
-# this plus the longest --check-timeout-s (40 s).
+# (a check costs ~50 ms of CPU); the client's Submit deadline (freeride.client.SUBMIT_TIMEOUT_S, 150 s) exceeds
+# this plus twice the longest --check-timeout-s (40 s: a task's own interpreter is probed, then checked).
 QUEUE_WAIT_S = 60.0
 _PIPES_AFTER_EXIT_S = 2.0  # a process that left the check's group (setsid) may hold its pipes open
 
@@ -54,6 +58,14 @@ def with_checked(spec: TaskSpec, checked: Mapping[str, Any]) -> TaskSpec:
     if not spec.name:
         spec = dataclasses.replace(spec, name=str(checked.get("name", "task")))
     return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ran:
+    code: int
+    out: bytes
+    err: bytes
+    timed_out: bool
 
 
 class RefChecks:
@@ -90,18 +102,42 @@ class RefChecks:
             self._slots.release()
 
     async def _run(self, spec: TaskSpec) -> dict[str, Any]:
+        python = spec.python or sys.executable  # the task's own interpreter: its import errors concern that one
+        if spec.python:
+            await self._probe(spec.python)
+        ran = await self._exec(
+            [python, "-m", "freeride.worker.check", "--parent", str(os.getpid()), spec.ref,
+             "-"],  # the arguments on stdin, not on a command line every user of the host can read
+            json.dumps(spec.args).encode())
+        if ran.timed_out:
+            module = spec.ref.rpartition(":")[0] or spec.ref
+            raise TaskRefError(out_of_time(module, self.timeout_s))
+        return _answer(spec, ran.out, ran.err)
+
+    async def _probe(self, python: str) -> None:
+        """InvalidSpecError unless the interpreter runs a freeride at this agent's worker protocol."""
+        try:
+            ran = await self._exec([python, *interpreter.PROBE], b"")
+        except OSError as exc:  # a script without a #! line, a binary for another machine, ...
+            raise InvalidSpecError(interpreter.cannot_run(python, exc)) from None
+        if ran.timed_out:
+            raise InvalidSpecError(interpreter.probe_out_of_time(python, self.timeout_s))
+        problem = interpreter.probe_problem(python, ran.code, ran.out, ran.err)
+        if problem:
+            raise InvalidSpecError(problem)
+
+    async def _exec(self, argv: list[str], stdin: bytes) -> _Ran:
+        """Run one check process in a group of its own, for at most `timeout_s`; the group is killed after it."""
         if self._closed:
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "freeride.worker.check", "--parent", str(os.getpid()), spec.ref,
-            "-",  # the arguments on stdin, not on a command line every user of the host can read
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             process_group=0, env=self._env,
         )
         if self._placement is not None:
             self._placement.start_at(proc.pid)  # its interpreter's start-up too, not only what follows
         self._running.add(proc.pid)
-        io = asyncio.ensure_future(proc.communicate(json.dumps(spec.args).encode()))
+        io = asyncio.ensure_future(proc.communicate(stdin))
         timed_out = False
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -117,10 +153,7 @@ class RefChecks:
                 out, err = b"", b""
         if self._closed and proc.returncode != 0:  # killed by close(): its silence is no verdict on the task
             raise InvalidStateError("the agent is shutting down; submit again once it is back")
-        if timed_out:
-            module = spec.ref.rpartition(":")[0] or spec.ref
-            raise TaskRefError(out_of_time(module, self.timeout_s))
-        return _answer(spec, out, err)
+        return _Ran(proc.returncode if proc.returncode is not None else -1, out, err, timed_out)
 
     def close(self) -> None:
         """Kill every check still running (agent shutdown); later checks are refused."""

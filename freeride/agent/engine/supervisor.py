@@ -48,7 +48,7 @@ class Launcher(Protocol):
     """Starts worker processes (freeride.agent.procs.workers.WorkerLauncher; a fake in tests)."""
 
     async def spawn(self, task_id: str, instance: int, on_exit: Callable[[Worker, int], None],
-                    env: dict[str, str] | None = None) -> Worker: ...
+                    env: dict[str, str] | None = None, python: str = "") -> Worker: ...
 
     async def settle(self) -> None: ...
 
@@ -164,7 +164,8 @@ class Supervisor:
         rt.spawning = True
         try:
             env = self._memory.client_env(rec.spec.mem_limit_bytes, rec.spec.no_mps)
-            rt.worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env)
+            rt.worker = await self._launcher.spawn(rec.id, self._instance, self._on_exit, env=env,
+                                                   python=rec.spec.python)
         finally:
             rt.spawning = False
         if self._disk_waits.pop(rec.id, None) is not None and rec.state is TaskState.STARTING:

@@ -36,18 +36,24 @@ from freeride.core.cpu import Placement
 from freeride.core.exits import REASON_MARK
 from freeride.core.private import create_private, private_dir
 from freeride.core.proc_records import RECORD_ENV, kill
+from freeride.core.version import WORKER_PROTOCOL, __version__
 from freeride.core.window import WindowWriter
 
 log = logging.getLogger(__name__)
 
 _BEFORE_KILL_S = 10.0  # bound on terminate_client: the kill happens regardless
 _EMPTIED_S = 10.0  # bound on the wait for a killed group to empty (a process stuck in the kernel)
-__all__ = ["WORKER_MARK", "WorkerLauncher", "WorkerProcess", "describe_exit", "last_log_line", "said_reason"]
+__all__ = ["WORKER_MARK", "WorkerLauncher", "WorkerProcess", "WorkerStartError", "describe_exit", "last_log_line",
+           "said_reason"]
 # The agent's GPU index (`--gpu`), in every worker's environment: the worker's TaskContext.gpu.
 GPU_ENV = "FREERIDE_GPU"
 # The task's log file, in every worker's environment: once the agent (and its log writer) is gone, the
 # worker writes its last words (its final checkpoint's output) there itself, not into a broken pipe.
 LOG_FILE_ENV = "FREERIDE_LOG_FILE"
+
+
+class WorkerStartError(Exception):
+    """A worker cannot be started for a reason its message names (its task's interpreter is gone)."""
 
 
 @dataclass
@@ -132,9 +138,14 @@ class WorkerLauncher:
 
     async def spawn(
         self, task_id: str, instance: int, on_exit: Callable[[WorkerProcess, int], None],
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, python: str = "",
     ) -> WorkerProcess:
-        """Start a worker; `env` (its GPU client settings) replaces the launcher's environment when given."""
+        """Start a worker; `env` (its GPU client settings) replaces the launcher's environment when given;
+        `python`: the task's own interpreter ("": the agent's). WorkerStartError when that one is gone."""
+        if python and not os.access(python, os.X_OK):
+            raise WorkerStartError(
+                f"its interpreter {python} is gone or no longer executable (it was checked at submit): restore that "
+                "environment, or submit the task again with --python naming one that exists")
         private_dir(self._log_dir)
         path = log_path(self._log_dir, task_id)
         env = dict(env if env is not None else os.environ if self._env is None else self._env)
@@ -145,8 +156,9 @@ class WorkerLauncher:
         env.update(self._placement_env)  # the worker applies it to itself before it starts anything
         window = WindowWriter()  # inherited by this worker alone: no other task can reach it
         word_fd, wake_fd = window.child_fds()
-        argv = [sys.executable, "-m", "freeride.worker", "--agent", self._target, "--task-id", task_id,
-                "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd)]
+        argv = [python or sys.executable, "-m", "freeride.worker", "--agent", self._target, "--task-id", task_id,
+                "--instance", str(instance), "--window-word-fd", str(word_fd), "--window-fd", str(wake_fd),
+                "--agent-protocol", str(WORKER_PROTOCOL), "--agent-version", __version__]
         name = f"task-{task_id}-{instance}-{os.getpid()}"
         env[RECORD_ENV] = str(self._records.path(name))  # what it kills itself once it has lost this agent
         group = self._cgroups.group(name) if self._cgroups else None
