@@ -24,7 +24,7 @@ from typing import Any
 
 from freeride.errors import FreerideError
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory, on_cuda
+from freeride.trainer._cuda import free_memory, sends_block
 from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter, Pipeline
 from freeride.trainer.waits import (
@@ -81,13 +81,6 @@ def _remove_all_reduce_hook() -> None:
         if _hook_users == 0 and _original_all_reduce is not None:
             comm.all_reduce = _original_all_reduce
             _original_all_reduce = None
-
-
-def sends_block(device: Any) -> bool:
-    """Whether a stage's sends wait for the neighbour: on a CPU stage (gloo) a send blocks until the neighbour takes
-    the data, idle time like a receive's, so it is timed. On CUDA an NCCL send is queued on the stream and returns
-    at once: a hook there would time nothing and, with `stream` edges, synchronise the stream twice a send."""
-    return not on_cuda(device)
 
 
 class DeepSpeedInstrumentation(Instrumented):

@@ -10,10 +10,14 @@ Every P2P call in `megatron.core.pipeline_parallel.p2p_communication` runs betwe
 `forward-send-backward-recv`, ...), and the whole step between `forward-backward` start and
 stop. A timers object that turns the receiving calls into bubble edges and the step into an
 iteration is all it takes; an existing timers object keeps working (calls are forwarded).
+On a CPU stage (gloo) a send blocks until the neighbour takes the data, so the sending timers
+(`forward-send`, `backward-send`) are timed too, as DeepSpeed's sends are (`sends_block`); on CUDA
+an NCCL send is queued on the stream and returns at once, and they are left alone.
 With the default `batch_p2p_sync=True`, Megatron synchronises the device after each receive,
 so the CPU-side END is GPU-accurate; START synchronises the stream first so that it marks the
-moment the GPU drained. Megatron's pipeline schedules need CUDA (its receive buffers live on the
-current device), so this path is tested here with Megatron's call sequence, not with Megatron.
+moment the GPU drained. Tested with megatron-core 0.16.1's real 1F1B and interleaved schedules on
+CPU (gloo; tests/integration/test_megatron_schedules.py, whose harness answers Megatron's own CUDA
+calls on the CPU); the CUDA path (`batch_p2p_sync`, CUDA edges, NCCL) is yet to run on a GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from freeride.trainer._connect import connect
-from freeride.trainer._cuda import free_memory
+from freeride.trainer._cuda import free_memory, sends_block
 from freeride.trainer.edges import clock_for, resolve_mode
 from freeride.trainer.reporter import BubbleReporter
 from freeride.trainer.waits import BWD, FWD, Instrumented, WaitTracker
@@ -37,8 +41,11 @@ RECEIVING_TIMERS = {
     "backward-send-backward-recv": BWD,
     "forward-backward-send-forward-backward-recv": FWD | BWD,
 }
+#: The timers around a send alone (0: a wait that receives nothing): timed on a CPU stage only, where a gloo send
+#: waits for the neighbour to take the data.
+SENDING_TIMERS = {"forward-send": 0, "backward-send": 0}
 
-__all__ = ["RECEIVING_TIMERS", "MegatronInstrumentation", "instrument"]
+__all__ = ["RECEIVING_TIMERS", "SENDING_TIMERS", "MegatronInstrumentation", "instrument"]
 
 
 class _NullTimer:
@@ -73,10 +80,12 @@ class _EdgeTimer:
 class FreerideTimers:
     """A Megatron `timers` callable that also reports bubbles; everything else goes to `inner`."""
 
-    def __init__(self, tracker: WaitTracker, inner: Any = None) -> None:
+    def __init__(self, tracker: WaitTracker, inner: Any = None, *, time_sends: bool = False) -> None:
         self.tracker = tracker
         self.inner = inner
         self._timers: dict[str, _EdgeTimer] = {}
+        # timer name -> what its wait receives: the receiving timers, and the sending ones where sends block
+        self._waits = {**RECEIVING_TIMERS, **SENDING_TIMERS} if time_sends else RECEIVING_TIMERS
 
     def __call__(self, name: str, log_level: int | None = None) -> _EdgeTimer:
         timer = self._timers.get(name)
@@ -101,8 +110,10 @@ class FreerideTimers:
             return
         if timer._name == STEP_TIMER:
             t.begin_step()
-        elif timer._name in RECEIVING_TIMERS:
-            timer._token = t.begin_wait(RECEIVING_TIMERS[timer._name])
+        else:
+            direction = self._waits.get(timer._name)
+            if direction is not None:
+                timer._token = t.begin_wait(direction)
 
     def _stopped(self, timer: _EdgeTimer) -> None:
         t = self.tracker
@@ -139,7 +150,8 @@ def instrument(
 ) -> MegatronInstrumentation:
     """Report the bubbles of the Megatron-Core schedules that use `config` (a ModelParallelConfig).
 
-    `device`: the rank's CUDA device (default: the current one, when CUDA is available).
+    `device`: the rank's CUDA device (default: the current one, when CUDA is available); without one the
+    stage is a CPU one, whose sends (gloo) are timed as waits too.
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
     $FREERIDE_EDGE_SYNC, else "event"; see freeride.trainer.edges).
     """
@@ -153,7 +165,7 @@ def instrument(
     tracker = WaitTracker(reporter, clock_for(device, edge_sync), record, int(min_report_us * 1000),
                           free_memory=free_memory(device))
     previous = config.timers
-    timers = FreerideTimers(tracker, previous)
+    timers = FreerideTimers(tracker, previous, time_sends=sends_block(device))
     config.timers = timers
     return MegatronInstrumentation(config, timers, previous)
 

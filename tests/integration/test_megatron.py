@@ -1,7 +1,7 @@
 """Megatron-Core's timers hook, driven with the call sequence Megatron's 1F1B schedule makes.
 
-Megatron's pipeline schedules need CUDA; here a rank's timer calls are replayed (stage 1 of
-p=4, m=4) against a real agent, and the waits are real sleeps.
+A rank's timer calls are replayed (stage 1 of p=4, m=4) against a real agent, and the waits are real
+sleeps; tests/integration/test_megatron_schedules.py runs Megatron's real schedules (2 ranks, gloo).
 """
 
 from __future__ import annotations
@@ -65,16 +65,20 @@ def test_megatron_receive_timers_become_bubbles_and_megatrons_timers_keep_workin
         assert config.timers is inner  # undo() gave Megatron its timers back
         assert config.timers.log(["x"]) == "logged ['x']"
         gpu = client.stats().gpu
-    receiving = [name for name, _ in ITERATION if "recv" in name]
     assert len(inner.calls) == 2 * 4 * (len(ITERATION) + 1)  # every start/stop forwarded
     per_it = [[b for b in handle.bubbles if b.iteration == i and b.kind != K.BUBBLE_KIND_BETWEEN_STEPS]
               for i in range(4)]
-    assert all(len(bs) == len(receiving) for bs in per_it)  # sends are not bubbles
-    kinds = [b.kind for b in per_it[2]]
+    # A CPU stage (no device here): its gloo sends block until the neighbour takes the data, so every P2P call
+    # is a wait; the sends alone are DRAIN (tests/unit/test_megatron_sends.py: not on CUDA).
+    assert all(len(bs) == len(ITERATION) for bs in per_it)
+    receives = [b for b, (name, _) in zip(per_it[2], ITERATION, strict=True) if "recv" in name]
+    sends = [b for b, (name, _) in zip(per_it[2], ITERATION, strict=True) if "recv" not in name]
+    assert {b.kind for b in sends} == {K.BUBBLE_KIND_DRAIN}
+    kinds = [b.kind for b in receives]
     assert kinds[:2] == [K.BUBBLE_KIND_FILL, K.BUBBLE_KIND_FILL]
     assert kinds[2] == K.BUBBLE_KIND_WARMUP  # waiting for the first gradient
     assert set(kinds[3:]) == {K.BUBBLE_KIND_COOLDOWN}
-    long_wait = per_it[2][2]
+    long_wait = receives[2]
     # The 40 ms wait, and not much more (a busy runner may oversleep; it never undersleeps).
     assert 0.035 < (long_wait.end_ns - long_wait.start_ns) / 1e9 < 0.3
     assert gpu.bubbles == sum(b.reported for bs in per_it for b in bs)
