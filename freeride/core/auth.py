@@ -7,11 +7,8 @@ agent refuses every call that lacks the token (see freeride.agent.edge.auth).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from freeride.errors import FreerideError
 
@@ -44,42 +41,8 @@ def token_from(path: Path | str | None = None) -> str | None:
     return read_token(path) if path else None
 
 
-class _TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    def __init__(self, token: str) -> None:
-        self._header = (METADATA_KEY, f"Bearer {token}")
-
-    def _details(self, details: Any) -> Any:
-        metadata = [*(details.metadata or ()), self._header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
-
-    def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, base: Any, metadata: list[tuple[str, str]]) -> None:
-        self.method = base.method
-        self.timeout = base.timeout
-        self.metadata = metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = getattr(base, "wait_for_ready", None)
-        self.compression = getattr(base, "compression", None)
-
-
 def token_interceptor(token: str) -> Any:
     """A client interceptor adding `authorization: Bearer <token>` to every call (for grpc.intercept_channel)."""
-    return _TokenInterceptor(token)
+    from freeride.core.interceptor import TokenInterceptor  # grpc: loaded by the callers that talk gRPC only
+
+    return TokenInterceptor(token)

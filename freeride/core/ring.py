@@ -67,6 +67,10 @@ W_TAIL, W_SLEEP, W_QUIET = 8, 9, 10  # agent: records consumed; wait generation 
 W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; records written
 
 EDGE_START, EDGE_END = 1, 2
+# freeride.v1.BubbleKind's numbers, here so that the trainer side need not import protobuf (nor grpc) on the training
+# thread (tests/unit/test_ring.py checks they are the generated enum's)
+KIND_FILL, KIND_WARMUP, KIND_DRAIN, KIND_COOLDOWN, KIND_BETWEEN_STEPS = 1, 2, 3, 4, 5
+KINDS = frozenset((0, KIND_FILL, KIND_WARMUP, KIND_DRAIN, KIND_COOLDOWN, KIND_BETWEEN_STEPS))  # 0: unspecified
 MAX_STANDS_FOR = 1 << 20  # iterations one timed step may stand for (a trainer times one in seconds at least)
 _RECORD = struct.Struct("<8q")
 _CHECK = 0x5A5A_A5A5_0F0F_F0F0

@@ -160,11 +160,12 @@ def instrument(
 
     `edge_sync`: how bubble edges are taken on CUDA, "stream" | "event" | "off" (default
     $FREERIDE_EDGE_SYNC, else "event"; see freeride.trainer.edges). `sync_cuda=False` means "off".
-    `quiet_sample_ms`: while the agent is quiet (no task could use a bubble), a CPU stage times one step
-    every that many milliseconds (default 500) and runs the others unhooked; 0: every step (see
-    freeride.trainer.waits). The profile's per-iteration figures stay exact, and each timed step tells the
-    agent how many steps it stands for, so its bubble counters (stats, /metrics) stay whole. Once a task could
-    use a bubble, every step is timed from the next one on.
+    `quiet_sample_ms`: while no agent listens (none is connected yet, or it is quiet: no task could use a
+    bubble seen so far), a CPU stage times one step every that many milliseconds (default 500) and runs the
+    others unhooked; 0: every step (see freeride.trainer.waits). The profile's per-iteration figures stay
+    exact, and each timed step tells the agent how many steps it stands for, so its bubble counters (stats,
+    /metrics) stay whole. Once a task could use a bubble, every step is timed from the next one on. The
+    reporter connects on its own thread: nothing here waits for the agent.
     """
     try:
         from deepspeed.runtime.pipe import schedule as ds_schedule

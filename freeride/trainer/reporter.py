@@ -9,9 +9,11 @@ background thread sends them over the gRPC stream.
 
 Either way: no allocation of a garbage-collected object in the hook (so no GC pause lands in it),
 no lock it can block on, and no exception that reaches the training loop. The background thread
-owns the gRPC stream (registration, liveness, the fallback), reconnects with backoff and, after
-an agent restart, attaches the new agent's ring; edges are dropped (and counted) while no agent
-is there.
+owns the gRPC stream (registration, liveness, the fallback), loads gRPC and protobuf itself (once an
+agent's socket is there: the training thread never waits for them), reconnects with backoff and,
+after an agent restart, attaches the new agent's ring; edges are dropped (and counted) while no
+agent is there, and the reporter says the agent is quiet then (`agent_quiet`), so an integration
+samples its steps as for an agent with nothing to grant.
 """
 
 from __future__ import annotations
@@ -23,26 +25,26 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import grpc
-
-from freeride.core.auth import token_interceptor
 from freeride.core.paths import socket_access_problem
-from freeride.core.ring import EDGE_END, EDGE_START, MAX_STANDS_FOR, RingError, RingWriter, kind_word
+from freeride.core.ring import EDGE_END, EDGE_START, KINDS, MAX_STANDS_FOR, RingError, RingWriter, kind_word
 from freeride.trainer._ring import fetch_ring, park
-from freeride.v1 import trainer_pb2, trainer_pb2_grpc
+
+if TYPE_CHECKING:  # imported by the background thread (_run): ~0.1 s at a job's start, off the training thread
+    import grpc
+
+    from freeride.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
 
-START = trainer_pb2.BUBBLE_EDGE_START
-END = trainer_pb2.BUBBLE_EDGE_END
-assert (START, END) == (EDGE_START, EDGE_END)  # the ring carries the same numbers
+START, END = EDGE_START, EDGE_END  # freeride.v1.BubbleEdge's numbers (the ring carries the same)
 PATHS = ("auto", "grpc")
 _MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
 _HOLD_MAX = 256  # edges held at most before they are written (a quarter of a small ring at most: see hold)
 # The kinds the agent takes (freeride.agent.edge.bubble_checks.KINDS): any other number would be refused there, and
 # on the ring its upper bits would read as a weight (ring.kind_word), so the reporter refuses it first.
-_KINDS = frozenset(trainer_pb2.BubbleKind.values())
+_KINDS = KINDS
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,10 @@ class BubbleReporter:
         self._stale = 0  # edges queued for a stream that died before they were sent
         self._road = threading.Condition()  # notified whenever `path` changes
         capacity = 1 << max(4, (max_queue - 1).bit_length())  # a power of two, so `& mask` indexes it
-        self._ring = [[0] * 7 for _ in range(capacity)]
+        # The gRPC road's queue: made by the background thread when that road is first taken (before `_live`, which
+        # the hooks check first), never on the training thread, and never on the ring's road: 16k small lists cost
+        # ~5 ms to make and weigh on every full garbage collection of the training process after.
+        self._ring: list[list[int]] = []
         self._mask = capacity - 1
         self._head = 0  # next slot the sender reads (sender thread only)
         self._tail = 0  # next slot the trainer writes (training thread only)
@@ -142,13 +147,14 @@ class BubbleReporter:
         self.iteration = iteration
 
     def hold(self) -> bool:
-        """While the agent's ring says it is quiet (nothing to grant), hold the edges from now on and write them
+        """While the agent's ring says it is quiet (nothing to grant), or no agent is there at all (not connected
+        yet, or reconnecting: the edges would be dropped one by one), hold the edges from now on and write them
         together at `flush()`: one pass over the shared page instead of one per edge, on caches the compute has
         just evicted. Once the agent listens, what is held is written at once and edges go straight to the ring
         again. The integrations' tracker calls it (freeride.trainer.waits); one thread calls hold, flush, start
         and end (the training thread, or the thread that stamps the edges). True: holding."""
         shm = self._shm
-        holding = self._holding = shm is not None and shm.quiet
+        holding = self._holding = shm.quiet if shm is not None else not self._live
         if not holding:
             if self._held:
                 self.flush()
@@ -295,9 +301,11 @@ class BubbleReporter:
 
     @property
     def agent_quiet(self) -> bool:
-        """The agent's ring says it has nothing to grant (a read of one word; `hold` acts on it)."""
+        """No agent listens: its ring says it has nothing to grant (a read of one word), or no agent is connected
+        (before the first connection, or while reconnecting: an edge would only be dropped). `hold` acts on it, and
+        so does the tracker's sampling (WaitTracker.timed). On the gRPC road the agent's word is not known: False."""
         shm = self._shm
-        return shm is not None and shm.quiet
+        return shm.quiet if shm is not None else not self._live
 
     @property
     def wakes(self) -> int:
@@ -351,7 +359,9 @@ class BubbleReporter:
             self._wake_fd = -1
 
     def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
-        ring, mask = self._ring, self._mask
+        from freeride.v1 import trainer_pb2  # (imported already: see _run)
+
+        mask = self._mask
         pipe = self.pipeline
         yield trainer_pb2.BubbleBatch(
             hello=trainer_pb2.TrainerHello(rank=self.rank, stage=self.stage, shared_memory=self._want_ring,
@@ -371,6 +381,7 @@ class BubbleReporter:
                 continue
             batch = trainer_pb2.BubbleBatch()
             add = batch.events.add
+            ring = self._ring  # (made before the first edge could be queued: see _attach)
             head, tail = self._head, min(self._tail, self._head + _MAX_BATCH)
             for i in range(head, tail):
                 edge, slot, iteration, now, expected, free, kind = ring[i & mask]
@@ -392,6 +403,9 @@ class BubbleReporter:
                 self._wake_fd = shm.wake_fd
                 self._shm = shm
                 log.info("rank %d reports bubbles through the agent's shared-memory ring", self.rank)
+                return
+        if not self._ring:  # the gRPC road, for the first time: its queue (before `_live` lets the hooks in)
+            self._ring = [[0] * 7 for _ in range(self._mask + 1)]
 
     def _detach(self) -> None:
         shm, self._shm = self._shm, None
@@ -400,8 +414,37 @@ class BubbleReporter:
             self._ring_dropped += shm.dropped
             park(self._wake_fd)
 
+    def _no_socket(self) -> bool:
+        """A unix-socket target with no file there: no agent, and nothing to load gRPC for yet."""
+        target = self.target
+        if not target.startswith("unix:") or target.startswith("unix-abstract:"):
+            return False
+        try:
+            os.stat(target.removeprefix("unix:").removeprefix("//"))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # (a directory kept out: gRPC's refusal says why)
+        return False
+
     def _run(self) -> None:
         delay = self._backoff[0]
+        while not self._closed and self._no_socket():  # the backoff below, before any connection was tried
+            if not self._warned:
+                log.warning("no freeride agent at %s (no socket); training goes on, reporting begins when it is there",
+                            self.target)
+                self._warned = True
+            self._stopping.wait(delay)
+            delay = min(delay * 2, self._backoff[1])
+        if self._closed:
+            return
+        # Here, on the reporter's own thread, not in the constructor, and once there is an agent to talk to: a
+        # training job's first step does not wait for gRPC and protobuf to load (~0.1 s of CPU).
+        import grpc
+
+        from freeride.core.auth import token_interceptor
+        from freeride.v1 import trainer_pb2_grpc
+
         while not self._closed:
             try:
                 with grpc.insecure_channel(self.target) as raw:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from freeride.core.ring import KIND_BETWEEN_STEPS, KIND_COOLDOWN, KIND_DRAIN, KIND_FILL, KIND_WARMUP
 from freeride.trainer.edges import EdgeClock, InlineClock
 from freeride.trainer.reporter import BubbleReporter
-from freeride.v1 import trainer_pb2
 
 T = TypeVar("T")
 
@@ -24,13 +24,7 @@ T = TypeVar("T")
 DEFAULT_QUIET_SAMPLE_MS = 500.0
 
 BETWEEN_STEPS_SLOT = 1 << 20  # the gap between two steps: optimizer, data loading
-FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = (
-    trainer_pb2.BUBBLE_KIND_FILL,
-    trainer_pb2.BUBBLE_KIND_WARMUP,
-    trainer_pb2.BUBBLE_KIND_DRAIN,
-    trainer_pb2.BUBBLE_KIND_COOLDOWN,
-    trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS,
-)
+FILL, WARMUP, DRAIN, COOLDOWN, BETWEEN = KIND_FILL, KIND_WARMUP, KIND_DRAIN, KIND_COOLDOWN, KIND_BETWEEN_STEPS
 FWD, BWD, END_OF_STEP = 1, 2, 4  # what a wait receives: activations, gradients, or the step's end
 GAP = -1  # in a quiet step's log: the gap between two steps
 

@@ -93,6 +93,20 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
+def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    r = bench("trainer", "--framework", "deepspeed", "--startup-runs", "2", "--iterations", "34",
+              "--cpus", ",".join(map(str, cpus)))
+    assert (r["benchmark"], r["first_steps"], r["runs"]) == ("trainer-startup", 30, 2)
+    for setting in ("no_agent", "agent_idle", "agent_task_fits_none"):
+        for part in ("first", "steady"):
+            for key in ("step_ms", "step_cpu_ms", "step_process_cpu_ms"):
+                figure = r[setting][part][key]
+                assert figure["plain"] > 0 and figure["instrumented"] > 0 and len(figure["ratios"]) == 2
+        assert r[setting]["untimed_share"] > 0.3  # no agent listened: the steps were sampled
+    assert r["no_agent"]["paths"] == ["", ""] and r["agent_idle"]["paths"] == ["shm", "shm"]
+
+
 def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     r = bench("control", "--bubbles", "20", "--path", "grpc", "--trainer-cpus", str(cpus[0]),

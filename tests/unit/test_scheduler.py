@@ -783,3 +783,70 @@ def test_event_delays_are_learned_only_from_edges_read_while_wanted() -> None:
     h.now = 100 * MS
     h.sched.on_bubble(Edge(True, True, 0, 0, 2, 100 * MS - 30 * US))
     assert list(h.sched.event_delays_ns) == [30 * US]
+
+
+# -- issue 36 item 5: a task whose steps fit no bubble seen does not make the agent listen -----------------------
+
+
+def _quiet_on_a_task_that_fits_no_bubble(estimate_ns: int) -> tuple[Harness, FakePort, int]:
+    """Bubbles of LENGTH; one task of `estimate_ns` steps, passed over until it is told it fits none and probed (its
+    worker answers the probe with the same estimate). Returns the harness, its port and the next bubble's index."""
+    h = Harness()
+    t = h.learn()
+    big = h.add("big", step_estimate_ns=estimate_ns)
+    assert h.sched.wants_edges is True  # not yet known to fit none: its windows are offered
+    i = 0
+    while not big.grants():  # passed over PROBE_AFTER times, then probed
+        h.start(t + i * PERIOD, iteration=2 + i)
+        h.end(t + i * PERIOD + LENGTH, iteration=2 + i)
+        i += 1
+        assert h.sched.wants_edges is True or big.grants()
+    assert h.sched.tasks["big"].fits_none
+    assert h.sched.wants_edges is True  # it holds the probe's window
+    h.done("big", int(big.grants()[0][1]), step_estimate_ns=estimate_ns)  # type: ignore[call-overload]
+    return h, big, i
+
+
+def test_the_agent_stays_quiet_while_no_task_fits_any_bubble_seen_and_listens_once_a_longer_one_comes() -> None:
+    h, big, i = _quiet_on_a_task_that_fits_no_bubble(50 * MS)  # 50 ms steps, 10 ms bubbles
+    assert h.sched.wants_edges is False and h.demand[-1] == (False, True)  # the probe confirmed it: quiet
+    t = 2 * PERIOD
+    for k in range(i, i + 40):  # read late (quiet), the edges still teach the lengths: nothing changes
+        h.start(t + k * PERIOD, iteration=2 + k)
+        h.end(t + k * PERIOD + LENGTH, iteration=2 + k)
+        for grant in big.grants():  # (a probe now and then, if the edges come in time: still no fit)
+            h.done("big", int(grant[1]), step_estimate_ns=50 * MS)  # type: ignore[call-overload]
+        big.calls.clear()
+        assert h.sched.wants_edges is False
+    assert h.pending_timers() == []
+    assert h.sched.bubbles.longest_ns == LENGTH
+    for k in range(i + 40, i + 43):  # the slot's bubbles grow to 60 ms (a new schedule): long enough for its steps
+        h.start(t + k * PERIOD, iteration=2 + k)
+        h.end(t + k * PERIOD + 60 * MS, iteration=2 + k)
+        if k < i + 42:  # one or two long bubbles are outliers (a stall): no window could count on them
+            assert h.pending_timers() == [] and h.sched.wants_edges is False
+    assert h.sched.wants_edges is False  # not while that END is delivered (the agent is reading a ring) ...
+    (relisten,) = h.pending_timers()
+    assert relisten.at == h.now  # ... but at once after
+    h.fire(relisten)
+    assert h.sched.wants_edges is True and h.demand[-1] == (True, False)
+
+
+def test_a_task_that_could_take_a_window_makes_the_quiet_agent_listen_at_once() -> None:
+    h, _, _ = _quiet_on_a_task_that_fits_no_bubble(50 * MS)
+    assert h.sched.wants_edges is False
+    h.add("fits", step_estimate_ns=1 * MS)
+    assert h.sched.wants_edges is True
+    h.sched.remove_task("fits")
+    assert h.sched.wants_edges is False
+    h.add("unknown")  # no estimate yet: only a window can teach it
+    assert h.sched.wants_edges is True
+
+
+def test_a_probe_that_finds_the_steps_shorter_makes_the_agent_listen_again() -> None:
+    h, _, _ = _quiet_on_a_task_that_fits_no_bubble(50 * MS)
+    assert h.sched.wants_edges is False
+    # a window it could not fit, answered late with a fresh estimate (a stale outlier dropped): it fits now
+    h.sched.tasks["big"].window_id = 99
+    h.done("big", 99, step_estimate_ns=1 * MS)
+    assert h.sched.wants_edges is True

@@ -35,6 +35,17 @@ class Bubbles:
             self._predictors.move_to_end(key)
         return p
 
+    def predicted_ns(self, rank: int, slot: int) -> int:
+        """The length the slot's next bubble is predicted to have (0: none yet): what a window there could be."""
+        p = self._predictors.get((rank, slot))
+        return (p.predict_ns() or 0) if p is not None else 0
+
+    def longest_predicted_ns(self) -> int:
+        """The longest of the slots' predictions: the longest window the trainers' bubbles offer now. Unlike
+        `longest_ns`, one long bubble (a job's first step, a stall) does not raise it: a prediction is the minimum
+        of the slot's recent lengths, and only a run of longer ones replaces it (SlotPredictor)."""
+        return max((p.predict_ns() or 0 for p in self._predictors.values()), default=0)
+
     def replace(self, rank: int) -> Bubble | None:
         """The rank's open bubble, taken out: a new START replaces it (its END was lost), or its trainer is gone."""
         return self.open.pop(rank, None)

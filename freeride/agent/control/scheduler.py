@@ -23,11 +23,11 @@ from freeride.agent.control.history import HISTORY_BUBBLES, HISTORY_MAX_STEPS, H
 from freeride.agent.control.idle import IdleBound
 from freeride.agent.control.policy import RecentUsage, choose
 from freeride.agent.control.predictor import MarginController
-from freeride.agent.control.slots import TaskSlot, WindowPort, candidates, starved
+from freeride.agent.control.slots import TaskSlot, WindowPort, candidates, could_take_a_window, starved
 from freeride.agent.control.windows import TaskShare, Window
 from freeride.agent.domain.events import BubbleSpan, Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.domain.model import Counters
-from freeride.agent.domain.timers import CallAt, Clock
+from freeride.agent.domain.timers import CallAt, Clock, TimerHandle
 
 __all__ = ["HISTORY_BUBBLES", "HISTORY_MAX_STEPS", "HISTORY_WINDOWS", "Scheduler", "SchedulerConfig", "TaskSlot",
            "WindowPort"]
@@ -67,6 +67,7 @@ class Scheduler:
         # under the old answer, then asks for a wake-up per edge (True) or lets edges wait unannounced (False).
         self._on_demand = on_demand or (lambda wanted: None)
         self.wants_edges = False  # a task could take a window, or holds one: each edge matters as it comes
+        self._relisten: TimerHandle | None = None  # set for now once a longer bubble fits a task that fit none
         self.margin = MarginController(config.margin_ns)
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
@@ -127,6 +128,12 @@ class Scheduler:
         bubble = self.bubbles.end(ev)
         if bubble is None:
             return  # an END whose START we never saw (reconnect): nothing to learn from
+        if not self.wants_edges and self._relisten is None and self.tasks:  # quiet: could a task fit now? If so, the
+            # agent listens from a timer set for now, not here: this END is delivered while a ring is read, and
+            # listening reads the rings first
+            predicted = self.bubbles.predicted_ns(ev.rank, ev.slot)
+            if any(t.fits_none and (t.step_estimate_ns or 0) <= predicted for t in self.tasks.values()):
+                self._relisten = self._call_at(self._clock(), self._update_demand)
         length = ev.time_ns - bubble.start_ns
         if length > 0:  # a step that stands for several (a quiet trainer times only some) counts for all of them,
             # within the time that has passed (freeride.agent.control.idle)
@@ -148,11 +155,13 @@ class Scheduler:
 
     # -- demand ----------------------------------------------------------------------------------
     def _update_demand(self) -> None:
-        """Recompute `wants_edges` after a task came, went, stopped or gave a window back.
+        """Recompute `wants_edges` after a task came, went, stopped, gave a window back or was found to fit no
+        bubble, and after a bubble longer than any before.
 
-        Edges are wanted while some task could be granted a window, or holds one (its END revokes it);
-        otherwise they only feed the profile (bubble lengths, predictions), which may read them late."""
-        wanted = any(not (t.stopping or t.checkpointing) or t.window_id for t in self.tasks.values())
+        Edges are wanted while some task could take a window (slots.could_take_a_window); otherwise they only feed
+        the profile (bubble lengths, predictions), which may read them late."""
+        self._relisten = None
+        wanted = any(could_take_a_window(t, self.bubbles.longest_predicted_ns) for t in self.tasks.values())
         if wanted != self.wants_edges:
             self._on_demand(wanted)
             self.wants_edges = wanted
@@ -164,9 +173,9 @@ class Scheduler:
             return
         offered = candidates(self.tasks, self.usage)
         pick = choose(offered, remaining, w.tried)
-        probe, fits_none = starved(self.tasks, offered, remaining, w.tried, self.bubbles.longest_ns)
+        probe, fits_none = starved(self.tasks, offered, remaining, w.tried, self.bubbles.longest_predicted_ns)
         for slot in fits_none:
-            self._on_fit(slot.task_id, slot.step_estimate_ns or 0, self.bubbles.longest_ns)
+            self._on_fit(slot.task_id, slot.step_estimate_ns or 0, self.bubbles.longest_predicted_ns())
         if probe is not None and (pick is None or probe.priority >= pick.priority):  # priority still rules
             pick = probe
         if pick is None:
@@ -295,8 +304,8 @@ class Scheduler:
         w = self._windows.get(done.window_id)
         if w is not None:
             self._window_done(task_id, done, w)
-        if task.stopping or task.checkpointing:  # it gave back the last window it may hold
-            self._update_demand()
+        # It gave back a window: the last it may hold (stopping), or a probe whose estimate fits no bubble still
+        self._update_demand()
 
     def _window_done(self, task_id: str, done: WindowDone, w: Window) -> None:
         share = w.share(task_id)

@@ -6,7 +6,7 @@ anyway (a probe): its estimate may be one step slowed by a loaded machine, and o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +43,20 @@ class TaskSlot:
     checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
 
 
+def could_take_a_window(t: TaskSlot, longest_bubble_ns: Callable[[], int]) -> bool:
+    """Whether a task makes each edge matter as it comes (Scheduler.wants_edges): it holds a window (its END revokes
+    it), or it may be granted one. A task that stops or checkpoints may not. Nor may one whose steps fit no bubble:
+    told so (`fits_none`: it sat out PROBE_AFTER dispatches and was offered a probe, which refreshed its estimate)
+    and its estimate still longer than `longest_bubble_ns()`, every slot's predicted bubble (the windows the agent
+    could grant; one long outlier does not count). The edges, read late, still teach the bubbles' lengths, and once
+    a slot's prediction is as long as its estimate the agent listens again (Scheduler._on_end)."""
+    if t.window_id:
+        return True
+    if t.stopping or t.checkpointing:
+        return False
+    return not (t.fits_none and (t.step_estimate_ns or 0) > longest_bubble_ns())
+
+
 def candidates(tasks: Mapping[str, TaskSlot], usage: RecentUsage) -> list[Candidate]:
     """The tasks that may take a window: not stopping, not in a checkpoint."""
     return [
@@ -52,9 +66,10 @@ def candidates(tasks: Mapping[str, TaskSlot], usage: RecentUsage) -> list[Candid
 
 
 def starved(tasks: Mapping[str, TaskSlot], candidates: list[Candidate], remaining_ns: int, tried: set[str],
-            longest_bubble_ns: int) -> tuple[Candidate | None, list[TaskSlot]]:
+            longest_bubble_ns: Callable[[], int]) -> tuple[Candidate | None, list[TaskSlot]]:
     """An idle task that sat out `PROBE_AFTER` dispatches because its estimate did not fit (None: no such task),
-    and the tasks newly found to fit no bubble seen (to be said once, until a window they fit).
+    and the tasks newly found to fit no bubble (to be said once, until a window they fit): their estimate is longer
+    than `longest_bubble_ns()`, the longest any slot's bubble is predicted to be (asked only then).
 
     Each idle candidate whose estimate does not fit `remaining_ns` counts one more dispatch sat out. The
     worker runs a step only if it fits by its own estimate, so a probe costs no overrun.
@@ -67,7 +82,7 @@ def starved(tasks: Mapping[str, TaskSlot], candidates: list[Candidate], remainin
             slot = tasks[c.task_id]
             slot.unfit += 1
             estimate_ns = c.step_estimate_ns or 0
-            if slot.unfit >= PROBE_AFTER and not slot.fits_none and estimate_ns > longest_bubble_ns:
+            if slot.unfit >= PROBE_AFTER and not slot.fits_none and estimate_ns > longest_bubble_ns():
                 slot.fits_none = True
                 fits_none.append(slot)
             if probe is None and slot.unfit >= PROBE_AFTER:

@@ -60,6 +60,8 @@ class PipelineConfig:
     device: str = "cpu"  # "cuda": each rank on GPU LOCAL_RANK (mod the GPU count), NCCL between ranks
     bubble_path: str = ""  # the ranks' $FREERIDE_BUBBLE_PATH ("auto" or "grpc"); "": the environment's
     cpus: tuple[int, ...] = ()  # rank r runs on CPU cpus[r % len(cpus)] (the demo: one core per stage); (): any
+    wait_connected: bool = True  # DeepSpeed: wait for the reporter's connection before the first step (False: as a
+    # real job does, it trains at once; the start-up bench measures that)
 
     def stage_ids(self, rank: int) -> list[int]:
         if self.schedule in SINGLE:
@@ -134,7 +136,8 @@ def _stage_modules(cfg: PipelineConfig, count: int) -> list[Any]:
 
 def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[Any], step_ns: list[int],
             inst: Any, step_start_ns: list[int] | None = None, reporter_path: str = "",
-            step_cpu_ns: list[int] | None = None, compute_ns: list[int] | None = None) -> dict[str, Any]:
+            step_cpu_ns: list[int] | None = None, compute_ns: list[int] | None = None,
+            step_process_cpu_ns: list[int] | None = None, instrument_ns: int = 0) -> dict[str, Any]:
     digest = hashlib.sha256()
     for p in params:
         digest.update(p.detach().cpu().numpy().tobytes())
@@ -145,6 +148,9 @@ def _result(rank: int, stage_ids: list[int], losses: list[float], params: list[A
         "params_sha256": digest.hexdigest(),
         "step_ms": [s / 1e6 for s in step_ns],
         "step_cpu_ms": [s / 1e6 for s in step_cpu_ns or []],  # the training thread's CPU time in each step
+        # the whole process's (every thread: the reporter's, gRPC's), each step; and instrument()'s own wall time
+        "step_process_cpu_ms": [s / 1e6 for s in step_process_cpu_ns or []],
+        "instrument_ms": instrument_ns / 1e6,
         "compute_ms": [s / 1e6 for s in compute_ns or []],  # the sleep model's compute, as really slept, each step
         "step_start_ns": step_start_ns or [],
         "bubbles": [],
@@ -191,11 +197,15 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=ds_config)
     inst = None
     reporter_path = ""
+    instrument_ns = 0
     if cfg.instrument:
+        i0 = time.monotonic_ns()
         from freeride.trainer.deepspeed import instrument
 
         inst = instrument(engine, record=cfg.record, quiet_sample_ms=cfg.quiet_sample_ms)
-        inst.reporter.wait_connected(10)
+        instrument_ns = time.monotonic_ns() - i0
+        if cfg.wait_connected:
+            inst.reporter.wait_connected(10)
         reporter_path = inst.reporter.path
 
     def batches(it: int) -> Any:
@@ -208,20 +218,26 @@ def run_rank_deepspeed(rank: int, world: int, cfg: PipelineConfig) -> dict[str, 
     losses: list[float] = []
     step_ns: list[int] = []
     step_cpu_ns: list[int] = []
+    step_process_cpu_ns: list[int] = []
     compute_ns: list[int] = []
     for it in range(cfg.iterations):
         if inst is not None:
             inst.tracker.enabled = cfg.instrumented(it)
         slept = _slept_ns[0]
+        p0 = time.process_time_ns()
         c0 = time.thread_time_ns()
         t0 = time.monotonic_ns()
         loss = engine.train_batch(iter(batches(it)))
         step_ns.append(time.monotonic_ns() - t0)
         step_cpu_ns.append(time.thread_time_ns() - c0)
+        step_process_cpu_ns.append(time.process_time_ns() - p0)
         compute_ns.append(_slept_ns[0] - slept)
         losses.append(float(loss))
+    if inst is not None and not reporter_path:
+        reporter_path = inst.reporter.path  # (not waited for: the road it took by the end)
     result = _result(rank, [engine.stage_id], losses if engine.is_last_stage() else [], params, step_ns, inst,
-                     reporter_path=reporter_path, step_cpu_ns=step_cpu_ns, compute_ns=compute_ns)
+                     reporter_path=reporter_path, step_cpu_ns=step_cpu_ns, compute_ns=compute_ns,
+                     step_process_cpu_ns=step_process_cpu_ns, instrument_ns=instrument_ns)
     dist.barrier()
     return result
 

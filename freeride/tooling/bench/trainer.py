@@ -18,6 +18,10 @@ median taken the other way round (each plain step over its instrumented neighbou
 `cpu_overhead_ratio`, `cpu_null_ratio` and `cpu_balanced_ratio` are the same figures for the training
 thread's CPU time per step, which other load on the machine disturbs far less than wall time: the
 hooks' own cost, to a fraction of a percent.
+
+`--startup-runs N` (DeepSpeed) measures what the alternation cannot: a job's own start. Separate plain and
+instrumented jobs, alternated, with no agent, an idle agent and an agent whose task fits no bubble; the first 30
+steps and the steady state apart (freeride.tooling.bench.startup).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import psutil
 
 from freeride.core.cpu import allowed_cpus, format_cpu_list, parse_cpu_list
 from freeride.errors import FreerideError
-from freeride.tooling.bench import paths
+from freeride.tooling.bench import paths, startup
 from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess
 from freeride.trainer.waits import DEFAULT_QUIET_SAMPLE_MS
@@ -63,6 +67,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet-sample-ms", type=float, default=DEFAULT_QUIET_SAMPLE_MS,
                    help="deepspeed: while the agent is quiet, time one step this often, the others unhooked "
                         f"(default {DEFAULT_QUIET_SAMPLE_MS:g}, instrument()'s; 0: every step)")
+    p.add_argument("--startup-runs", type=int, default=0, metavar="N",
+                   help="deepspeed: instead, N plain and N instrumented jobs of their own, alternated, with no "
+                        "agent, an idle agent and an agent with a task that fits no bubble; the first 30 steps "
+                        "and the steady state apart (freeride.tooling.bench.startup)")
+    p.add_argument("--startup-task-ms", type=float, default=50.0,
+                   help="--startup-runs: the step of the task that fits none of the job's bubbles")
     p.add_argument("--cpus", metavar="LIST", help="pin rank r to the r-th of these CPUs (mod their count), e.g. 0,1")
     paths.add_arg(p)
 
@@ -78,6 +88,11 @@ def _cpus(text: str | None) -> tuple[int, ...]:
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
     _cpus(ns.cpus)  # a bad list is refused before anything starts
+    if ns.startup_runs:
+        if ns.framework != "deepspeed" or ns.startup_runs < 2 or ns.iterations <= startup.FIRST:
+            raise FreerideError(f"bench trainer: --startup-runs wants --framework deepspeed, 2 runs or more and "
+                                f"--iterations above {startup.FIRST}")
+        return paths.run("trainer", ns, lambda ns, path: startup.run(ns, _config(ns, Path(), path), path))
     return paths.run("trainer", ns, _run)
 
 
