@@ -139,6 +139,7 @@ class Placement:
                 os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
             if os.getpriority(os.PRIO_PROCESS, pid) < self.nice:
                 os.setpriority(os.PRIO_PROCESS, pid, self.nice)
+        lower_autogroup(pid, self.nice)
 
     def apply(self, tasks_dir: Path = Path("/proc/self/task")) -> None:
         """To every thread of this process (its own niceness, affinity and policy each); OSError if refused."""
@@ -149,6 +150,30 @@ class Placement:
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             if os.getpriority(os.PRIO_PROCESS, tid) != self.nice:
                 os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+        lower_autogroup(os.getpid(), self.nice)
+
+
+def lower_autogroup(pid: int, nice: int, proc: Path = Path("/proc")) -> bool:
+    """The nice of the scheduler autogroup of `pid`'s session, raised to `nice`, when `pid` leads that session.
+
+    With autogroup scheduling on (`kernel.sched_autogroup_enabled`, the default of most desktop and many server
+    kernels), the scheduler first shares a CPU fairly between sessions, and only then by nice within each. A worker
+    runs in a session of its own: at nice 19, or even at SCHED_IDLE, it still took a fair half of a core from a
+    rank of another session (a spinning thread between windows cost a busy trainer +46 % on the 2-core VM, round 3
+    of the adversary). The autogroup's own nice is what weighs against other sessions. Only a session leader
+    changes it (else the autogroup is the agent's or the user's shell's); an unprivileged process may raise it,
+    never lower it. True when written; never raises (no autogroup, an older kernel, a process gone)."""
+    try:
+        if os.getsid(pid) != pid:
+            return False
+        path = proc / str(pid) / "autogroup"
+        current = path.read_text().split()  # "/autogroup-331 nice 0"
+        if len(current) == 3 and int(current[2]) >= nice:
+            return False
+        path.write_text(str(nice))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 BACKGROUND_NICE = 19  # the agent's bursty work off the control path (prune's deletions, database writes)
