@@ -76,6 +76,9 @@ def _case(name: str, tree: Path, seconds: float, work: int, burst: int) -> dict[
     from freeride.v1 import tasks_pb2
 
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # `python -m` puts its working directory first on sys.path, before PYTHONPATH: the agent (and what it starts)
+    # must start in the tree it is to run, or every case runs this checkout.
+    os.chdir(tree)
     with tempfile.TemporaryDirectory() as tmp:
         agent = AgentProcess(state_dir=Path(tmp) / "state", env=env)
         stop = threading.Event()
