@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,35 @@ class Agents:
             c.close()
         for proc in self.procs:
             proc.stop()
+
+
+    def launch(self, argv: Callable[[int], list[str]], out_dir: Path, **env: str) -> list[str]:
+        """Run one rank program per agent (torchrun's environment on a free port, the agents' socket directory),
+        each rank's output in out_dir/rankN.log; wait for all, kill what is left, and return the logs, every rank
+        having exited 0 (else the assertion shows them)."""
+        from freeride.tooling.bench.pipeline import free_port
+
+        port, ranks = free_port(), len(self.procs)
+        procs = []
+        for rank in range(ranks):
+            rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                            WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+                            FREERIDE_SOCKET_DIR=str(self.socket_dir), **env)
+            log = open(out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(argv(rank), env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL), log))
+        try:
+            for proc, _ in procs:
+                proc.wait(240)
+        finally:
+            for proc, log in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                log.close()
+        logs = [(out_dir / f"rank{r}.log").read_text(errors="replace") for r in range(ranks)]
+        assert all(p.returncode == 0 for p, _ in procs), logs
+        return logs
 
 
 @pytest.fixture

@@ -200,10 +200,12 @@ class WindowCollector:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
 
-    def wait_for_all(self, client: AgentClient, timeout_s: float = 10.0) -> int:
+    def wait_for_all(self, client: AgentClient, timeout_s: float = 30.0) -> int:
         """Once every trainer stream has ended, block until every window the agent granted is
         accounted; the count. A busy machine may make the agent skip a bubble (a late edge, a
-        widened margin), so the count comes from the agent, not from the trace."""
+        widened margin), so the count comes from the agent, not from the trace. A window is accounted when its
+        worker says it is done with it, and workers run at nice 19 against every other session (fix 59): on a
+        loaded runner that can take seconds, hence the generous ceiling (an event ends the wait at once)."""
         wait_for_trainers(client, 0, timeout_s)
         granted = client.stats().gpu.windows_granted
         if not self.wait_for(granted, timeout_s):

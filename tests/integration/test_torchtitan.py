@@ -12,8 +12,6 @@ used instead, and the result says which builder ran.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,6 @@ from pathlib import Path
 import pytest
 from conftest import Agents
 
-from freeride.tooling.bench.pipeline import free_port
 from freeride.v1 import trainer_pb2
 
 pytest.importorskip("torch")
@@ -130,27 +127,8 @@ def two_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
 
 
 def _run(script: Path, schedule: str, agents: Agents, out_dir: Path) -> list[dict[str, object]]:
-    port = free_port()
-    procs = []
-    for rank in range(RANKS):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(RANKS),
-                   LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", FREERIDE_SOCKET_DIR=str(agents.socket_dir))
-        log = open(out_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
-        argv = [sys.executable, str(script), schedule, str(out_dir / f"rank{rank}.json"), str(MICROBATCHES),
-                str(ITERATIONS)]
-        procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
-                      log))
-    try:
-        for proc, _ in procs:
-            proc.wait(240)
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    logs = [(out_dir / f"rank{r}.log").read_text(errors="replace") for r in range(RANKS)]
-    assert all(p.returncode == 0 for p, _ in procs), logs
+    logs = agents.launch(lambda rank: [sys.executable, str(script), schedule, str(out_dir / f"rank{rank}.json"),
+                                       str(MICROBATCHES), str(ITERATIONS)], out_dir)
     assert not any("saw no pipeline wait" in text for text in logs), logs
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(RANKS)]
 
