@@ -100,7 +100,12 @@ class OffWindow:
                       clock_ns: Callable[[], int]) -> OffWindow:
         """Demoting where it can be undone and would change something: not for a worker placed at SCHED_IDLE
         already, nor where SCHED_IDLE cannot be left (said once in the task's log), nor on a host without it."""
-        demote = hasattr(os, "SCHED_IDLE") and (placement is None or placement.sched != "idle")
+        # Opt-in (FREERIDE_OFF_WINDOW_IDLE=1 in the agent's environment, which workers inherit): gRPC starts I/O
+        # threads after the worker's own were counted, and one demoted between windows delayed the message that
+        # ends a window for seconds on a loaded 2-core runner (a priority inversion). The session's autogroup nice
+        # (freeride.core.cpu.lower_autogroup) already keeps a task's threads from training's CPU (fix 59).
+        demote = (os.environ.get("FREERIDE_OFF_WINDOW_IDLE") == "1" and hasattr(os, "SCHED_IDLE")
+                  and (placement is None or placement.sched != "idle"))
         if demote:
             nice = os.getpriority(os.PRIO_PROCESS, 0)
             problem = may_leave_idle(nice)

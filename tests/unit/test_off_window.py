@@ -152,3 +152,13 @@ def test_cpu_used_between_windows_is_reported_once_when_over_a_tenth_of_a_core(t
     for _ in range(int(PERIOD_S / 0.1) * 3):
         clocks.wait(0.1, 0.05, off)
     assert len(reports) == 1  # once per worker
+
+
+def test_demoting_between_windows_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # gRPC starts I/O threads after the worker's own are counted: demoted, one delayed the message that ends a window
+    # by seconds on a loaded runner. The session's autogroup nice does the job by default (fix 59).
+    monkeypatch.delenv("FREERIDE_OFF_WINDOW_IDLE", raising=False)
+    assert not OffWindow.for_placement(None, lambda cpu, waited: None, time.monotonic_ns)._demote
+    monkeypatch.setenv("FREERIDE_OFF_WINDOW_IDLE", "1")
+    assert OffWindow.for_placement(None, lambda cpu, waited: None, time.monotonic_ns)._demote == (
+        may_leave_idle(os.getpriority(os.PRIO_PROCESS, 0)) == "")

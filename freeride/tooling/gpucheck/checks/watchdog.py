@@ -86,7 +86,9 @@ def _phase(ctx: CheckContext, name: str, program: str | None, budget_s: float) -
     cap_mib = plan.cap_mib
     marker = root / "hog.json"
     record: dict[str, Any] = {"cap_mib": cap_mib, "mps": program is not None, "problems": []}
-    extra = agents.mps_args(program, root) if program else []
+    # Workers at nice 0: what is checked is the memory cap, and at nice 19 (their sessions too, fix 59) the growing
+    # task got next to no CPU beside the stand-in trainer on a loaded 2-core rehearsal, so it never grew.
+    extra = ["--worker-nice", "0", *(agents.mps_args(program, root) if program else [])]
     env = agents.mps_client_env(root) if program else {}
     sampler = NvmlSampler(ctx.gpu) if ctx.cuda else None
     try:
