@@ -43,7 +43,9 @@ def test_only_a_session_leaders_autogroup_is_raised(tmp_path: Path, leader: subp
 
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="this kernel has no autogroup scheduling")
-def test_a_spawned_workers_session_gets_the_placements_nice_on_this_kernel(leader: subprocess.Popen[bytes]) -> None:
+def test_a_spawned_workers_session_gets_the_placements_nice_on_this_kernel(
+        leader: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FREERIDE_WORKER_AUTOGROUP", "1")  # the product's default (the suite turns it off)
     Placement(nice=19, cpus=None, sched="other").start_at(leader.pid)
     assert Path(f"/proc/{leader.pid}/autogroup").read_text().split()[-1] == "19"
     own = Path("/proc/self/autogroup").read_text()
