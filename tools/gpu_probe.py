@@ -331,13 +331,7 @@ def _gemm_ms(a: Any, b: Any, n: int) -> float:
 
     torch.matmul(a, b)
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        torch.matmul(a, b)
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / n
+    return _gemm_ms_nowarm(a, b, n)
 
 
 # --- gemm_beside_spinner ---------------------------------------------------------------------------------------
