@@ -72,7 +72,9 @@ class GrowingHog(IterativeTask):
             block = self._torch.ones(size, dtype=self._torch.uint8, device=self._dev)
             self._torch.cuda.synchronize(self._dev)
             return block
-        return bytearray(b"x" * size)  # written, so resident
+        block = bytearray(size)
+        block[::4096] = b"x" * len(range(0, size, 4096))  # one byte a page written: resident, at a page fault each
+        return block
 
     def _write(self, error: str = "") -> None:
         if self.marker is None:

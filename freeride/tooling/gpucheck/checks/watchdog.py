@@ -45,8 +45,11 @@ class _Hog:
         return {k: str(v) for k, v in asdict(self).items() if k != "cap_mib"}
 
 
-_FAKE = _Hog(200, 8, 5.0, 64, 10, 400)  # resident memory: the worker holds ~40-60 MiB before it allocates
+# Resident memory: the worker holds ~40-60 MiB before it allocates. Small steps: on a VM a page fault can cost
+# 8 us, so 8 MiB took up to 20 ms, and the task waited for a bubble its steps no longer fitted.
+_FAKE = _Hog(200, 4, 5.0, 64, 10, 400)
 _CUDA = _Hog(2048, 128, 5.0, 1024, 40, 4096)  # NVML's per-process figure includes the CUDA context (~0.5 GiB)
+_FAKE_BUBBLE_MS = 50.0  # the stand-in's bubble in fake mode: several of the task's steps, however slow the faults
 
 
 def watchdog(ctx: CheckContext) -> Outcome:
@@ -95,7 +98,8 @@ def _phase(ctx: CheckContext, name: str, program: str | None, budget_s: float) -
         with agents.running_agent(ctx, root, extra, record) as (agent, c):
             record["memory_mode"] = c.stats().gpu.memory.mode  # nvml, fake (resident memory) or cpu (the same)
             standin = StandIn({"target": agent.target, "device": "cuda" if ctx.cuda else "cpu", "gpu": ctx.gpu,
-                               "hold_mib": 512 if ctx.cuda else 0}, root / "standin.log", env=env)
+                               "hold_mib": 512 if ctx.cuda else 0,
+                               **({} if ctx.cuda else {"bubble_ms": _FAKE_BUBBLE_MS})}, root / "standin.log", env=env)
             with standin.start(min(90.0, budget_s / 2)):
                 args = plan.args()
                 args.update(device="cuda" if ctx.cuda else "cpu", marker=str(marker))
