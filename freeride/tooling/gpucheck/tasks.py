@@ -69,9 +69,9 @@ class GrowingHog(IterativeTask):
 
     def _allocate(self, size: int) -> Any:
         if self.device.startswith("cuda"):
-            block = self._torch.ones(size, dtype=self._torch.uint8, device=self._dev)
+            tensor = self._torch.ones(size, dtype=self._torch.uint8, device=self._dev)
             self._torch.cuda.synchronize(self._dev)
-            return block
+            return tensor
         block = bytearray(size)
         block[::4096] = b"x" * len(range(0, size, 4096))  # one byte a page written: resident, at a page fault each
         return block
