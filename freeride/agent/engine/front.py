@@ -57,6 +57,7 @@ from freeride.gpu.control import GpuControl, cpu_only
 
 log = logging.getLogger("freeride.agent")
 
+
 @dataclass(frozen=True, slots=True)
 class MetricsView:
     """What a /metrics scrape shows, copied on the agent's loop (freeride.agent.edge.metrics renders it in the
