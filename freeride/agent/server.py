@@ -28,7 +28,7 @@ from freeride.agent.edge.auth import TokenInterceptor
 from freeride.agent.edge.ring import remove_stale_rings
 from freeride.agent.edge.service import BubbleServicer, TaskServicer, WorkerServicer
 from freeride.agent.edge.wire import RejectMalformed
-from freeride.agent.engine.core import Agent
+from freeride.agent.engine.front import Agent
 from freeride.agent.procs.cgroups import open_cgroups
 from freeride.agent.procs.task_logs import TaskLogs
 from freeride.agent.procs.workers import WorkerLauncher

@@ -22,7 +22,12 @@ from prometheus_client.samples import Sample
 from prometheus_support import need_prometheus
 
 from freeride.agent.control.histogram import Histogram
-from freeride.agent.edge.metrics import Snapshot, families
+from freeride.agent.domain.events import TaskView
+from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.domain.trainers import TrainerStream
+from freeride.agent.domain.views import GpuStats, Stats
+from freeride.agent.edge.metrics import families
+from freeride.agent.engine.front import MetricsView
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task, wait_for_trainers
 from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
@@ -188,12 +193,12 @@ def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_its_str
 def test_streams_of_one_rank_on_one_road_are_one_series_and_counted_together():
     """A rank that reconnects may hold two streams for a moment: Prometheus must not see one label set twice."""
     streams = [
-        tasks_pb2.TrainerStream(peer="unix:", rank=0, path="shm", edges=10, rejected=1, dropped=2),
-        tasks_pb2.TrainerStream(peer="unix:", rank=0, path="shm", edges=5, rejected=0, dropped=1),
-        tasks_pb2.TrainerStream(peer="ipv4:10.0.0.2:4000", rank=1, stage=1, path="grpc", edges=7),
+        TrainerStream(peer="unix:", rank=0, path="shm", edges=10, rejected=1, dropped=2),
+        TrainerStream(peer="unix:", rank=0, path="shm", edges=5, rejected=0, dropped=1),
+        TrainerStream(peer="ipv4:10.0.0.2:4000", rank=1, stage=1, path="grpc", edges=7),
     ]
-    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats(trainers=3, trainer_streams=streams))
-    by_name = {f.name: f for f in families(Snapshot(stats, Histogram()))}
+    stats = Stats(GpuStats(trainers=3, trainer_streams=tuple(streams)), [])
+    by_name = {f.name: f for f in families(MetricsView(stats, Histogram()))}
     assert {s.labels["path"]: s.value for s in by_name["freeride_trainer_streams"].samples} == {"shm": 2, "grpc": 1}
     samples = {(s.name, s.labels["rank"], s.labels["path"]): s.value
                for name in ("freeride_trainer_edges", "freeride_trainer_edges_rejected",
@@ -237,27 +242,26 @@ def test_training_time_counts_while_a_trainer_is_connected_and_is_kept_in_the_le
         assert client.stats().gpu.training_s == pytest.approx(closed, abs=1e-9)
 
 
-def render(snap: Snapshot) -> str:
-    """The text a scrape of `snap` returns."""
+def render(view: MetricsView) -> str:
+    """The text a scrape of `view` returns."""
     registry = CollectorRegistry()
-    registry.register(_Fixed(snap))
+    registry.register(_Fixed(view))
     return generate_latest(registry).decode()
 
 
 class _Fixed(Collector):
-    def __init__(self, snap: Snapshot) -> None:
-        self.snap = snap
+    def __init__(self, view: MetricsView) -> None:
+        self.view = view
 
     def collect(self) -> Iterator[Metric]:
-        return families(self.snap)
+        return families(self.view)
 
 
 def test_the_quantile_families_are_summaries_and_pass_promtool():
     """A `quantile` label belongs to a summary: on a gauge, promtool check metrics fails the scrape (exit 3)."""
     need_prometheus()
-    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats(prediction_error_p50=0.1, event_delay_us_p50=20,
-                                                           event_delay_us_p99=90))
-    text = render(Snapshot(stats, Histogram()))
+    stats = Stats(GpuStats(prediction_error_p50=0.1, event_delay_ns_p50=20_000, event_delay_ns_p99=90_000), [])
+    text = render(MetricsView(stats, Histogram()))
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     types = {f.name: f.type for f in text_string_to_metric_families(text)}
@@ -272,10 +276,8 @@ def test_the_quantile_families_are_summaries_and_pass_promtool():
 def test_control_characters_in_a_task_name_are_escaped_in_its_labels():
     """A task's name is whoever submitted it's text: an ESC in a label would recolour the terminal that reads
     a scrape (curl, promtool's output), a NUL or a line separator confuse the tools that read it."""
-    stats = tasks_pb2.StatsResponse(gpu=tasks_pb2.GpuStats())
-    task = stats.tasks.add(id="1", state=tasks_pb2.TASK_STATE_READY)
-    task.spec.name = "evil\x1b[31mname\u2028\x00"
-    text = render(Snapshot(stats, Histogram()))
+    task = TaskRecord("1", TaskSpec(name="evil\x1b[31mname\u2028\x00", ref="m:T"), TaskState.READY)
+    text = render(MetricsView(Stats(GpuStats(), [TaskView(task, False, 0, 0)]), Histogram()))
     names = {s.labels["task_name"] for f in text_string_to_metric_families(text) for s in f.samples
              if "task_name" in s.labels}
     assert names == {"evil\\x1b[31mname\\u2028\\x00"}

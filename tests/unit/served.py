@@ -1,5 +1,5 @@
 """The servicers at the second depth: real gRPC on a temporary unix socket, served in-process by a loop in a
-thread, over the engine with its fakes (freeride.agent.engine.core.Agent on a FakeLauncher) and a manual clock.
+thread, over the engine with its fakes (freeride.agent.engine.front.Agent on a FakeLauncher) and a manual clock.
 
 A test calls in with the real clients (freeride.Client, BubbleReporter, the generated stubs) from its own thread,
 and reads the agent's state on the loop through `Served.on_loop`: the engine is only ever touched from its loop.
@@ -25,7 +25,7 @@ import freeride
 from freeride.agent.config import AgentConfig
 from freeride.agent.edge.ring import HANDSHAKE_TIMEOUT_S
 from freeride.agent.edge.service import BubbleServicer, TaskServicer, WorkerServicer
-from freeride.agent.engine.core import Agent
+from freeride.agent.engine.front import Agent
 from freeride.agent.state.registry import Registry
 from freeride.client import EventStream
 from freeride.gpu.control import GpuControl

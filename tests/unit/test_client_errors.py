@@ -102,7 +102,7 @@ class _Silence:
 
 
 class _Refusing:
-    """The agent's front (freeride.agent.engine.core.Agent) as TaskServicer uses it for Get, Logs and Watch: it
+    """The agent's front (freeride.agent.engine.front.Agent) as TaskServicer uses it for Get, Logs and Watch: it
     refuses Get and Logs with `error`, and has no events."""
 
     def __init__(self) -> None:

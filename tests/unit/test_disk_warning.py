@@ -12,16 +12,17 @@ from disk_support import fill, small_disk
 
 from freeride.agent.control.histogram import Histogram
 from freeride.agent.doctor import OK, WARN, disk_check
-from freeride.agent.edge.metrics import Snapshot, families
+from freeride.agent.domain.views import GpuStats, Stats
+from freeride.agent.edge.metrics import families
+from freeride.agent.engine.front import MetricsView
 from freeride.core import disk
-from freeride.v1 import tasks_pb2
 
 MiB = 1 << 20
 
 
 def _disk_gauges(usage: disk.Usage, warn_percent: int) -> dict[str, float]:
-    snap = Snapshot(tasks_pb2.StatsResponse(), Histogram(), disk=usage, disk_warn_percent=warn_percent)
-    return {f.name: f.samples[0].value for f in families(snap) if f.name.startswith("freeride_state_disk")}
+    view = MetricsView(Stats(GpuStats(), []), Histogram(), disk_warn_percent=warn_percent)
+    return {f.name: f.samples[0].value for f in families(view, usage) if f.name.startswith("freeride_state_disk")}
 
 
 def test_the_doctor_and_the_metrics_warn_once_the_state_disk_passes_the_threshold(tmp_path: Path) -> None:

@@ -145,7 +145,7 @@ def test_a_second_stream_claiming_a_held_rank_is_refused_with_already_exists(ser
         assert "rank 3 is already reported to this agent by trainer rank 3 (pid 4242" in err.value.details()
         first.end()
         assert list(replies) == []
-    assert served.on_loop(lambda: len(served.agent.streams)) == 0
+    assert served.on_loop(lambda: len(served.agent.trainers.streams)) == 0
 
 
 # -- Attach ordering ----------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_a_quiet_agent_gets_the_steps_waits_together_and_a_listening_one_each_as
             gpu = c.stats().gpu
             # 3 + 1 + 1 waits and the two gaps between the steps (an edge each way), the last gap's start
             assert reporter.sent == gpu.events == 15 and gpu.bubbles == 5
-            served.on_loop(lambda: served.agent._listen(True))  # what a task becoming schedulable does
+            served.on_loop(lambda: served.agent.trainers.demand(True))  # what a task becoming schedulable does
             step(1)  # the tracker learns it as it writes: this step was still only timed ...
             assert reporter.sent == 19
             tracker.begin_step()  # ... and from the next one on, each edge goes as it comes
@@ -444,7 +444,7 @@ def test_a_quiet_cpu_stage_times_one_step_a_sample_period_and_every_step_once_th
             step()
             assert timed == [True, False, False] and tracker.untimed_steps == 2
             assert c.stats().gpu.bubbles == 1
-            served.on_loop(lambda: served.agent._listen(True))  # a task became schedulable
+            served.on_loop(lambda: served.agent.trainers.demand(True))  # a task became schedulable
             step()  # ... or until the agent listens: the ring's word is read for every step
             step()
             assert timed == [True, False, False, True, True]
@@ -461,10 +461,10 @@ def test_a_task_waiting_for_admission_alone_makes_the_agent_listen(tmp_path: Pat
     # waits for memory (no other task runnable) would wait for good.
     with served_agent(tmp_path, headroom_bytes=0) as served, freeride.Client(served.target, timeout_s=10) as c:
         served.on_loop(lambda: setattr(served.agent.scheduler, "trainer_free_memory_bytes", 256 * 2**20))
-        assert served.on_loop(lambda: served.agent.listening) is False  # no task: quiet
+        assert served.on_loop(lambda: served.agent.trainers.listening) is False  # no task: quiet
         task = c.submit(tasks_pb2.TaskSpec(ref=spec("Counter").ref, mem_limit_bytes=512 * 2**20))
         assert c.get(task.id).reason == "waiting for memory: needs 512 MiB, 256 MiB free for side tasks"
-        assert served.on_loop(lambda: served.agent.listening) is True
+        assert served.on_loop(lambda: served.agent.trainers.listening) is True
 
 
 def test_the_reporter_refuses_a_kind_or_weight_the_agent_does_not_take_and_says_so_once(

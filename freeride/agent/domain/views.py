@@ -12,42 +12,42 @@ from freeride.gpu.control import GpuSnapshot
 @dataclass(frozen=True, slots=True)
 class GpuMemory:
     """Memory on the agent's GPU and who holds it. In CPU mode (or when the query failed) only the
-    side-task figures are known: `device` is None."""
+    side-task figures are known: `device` is None. The defaults: a CPU agent with no task."""
 
-    mode: str  # cpu | nvml | fake
-    mps: str  # off | started | existing | unavailable
-    side_tasks_used_bytes: int  # the workers' memory now
-    side_tasks_reserved_bytes: int  # sum of the caps of admitted tasks
-    usable_bytes: int | None  # admission budget for side tasks in all (None: unbounded)
-    headroom_bytes: int
-    waiting_tasks: int  # tasks that wait for memory
+    mode: str = "cpu"  # cpu | nvml | fake
+    mps: str = "off"  # off | started | existing | unavailable
+    side_tasks_used_bytes: int = 0  # the workers' memory now
+    side_tasks_reserved_bytes: int = 0  # sum of the caps of admitted tasks
+    usable_bytes: int | None = None  # admission budget for side tasks in all (None: unbounded)
+    headroom_bytes: int = 0
+    waiting_tasks: int = 0  # tasks that wait for memory
     device: GpuSnapshot | None = None  # the device now: name, totals, the trainer's share
     trainer_peak_bytes: int = 0  # total minus the trainer's free-memory hint (0: no hint)
 
 
 @dataclass(frozen=True, slots=True)
 class GpuStats:
-    """The GPU's harvest ledger and the agent's own health figures."""
+    """The GPU's harvest ledger and the agent's own health figures (the defaults: nothing seen yet)."""
 
-    gpu: int
-    bubbles: int
-    bubble_ns: int
-    harvested_ns: int
-    overrun_ns: int
-    overrun_steps: int
-    steps: int
-    windows: int
-    windows_granted: int
-    events: int
-    prediction_error_p50: float
-    uptime_ns: int
-    dropped_events: int
-    rejected_events: int
-    trainer_free_memory_bytes: int
-    trainers: int
-    event_delay_ns_p50: float
-    event_delay_ns_p99: float
-    memory: GpuMemory
+    gpu: int = 0
+    bubbles: int = 0
+    bubble_ns: int = 0
+    harvested_ns: int = 0
+    overrun_ns: int = 0
+    overrun_steps: int = 0
+    steps: int = 0
+    windows: int = 0
+    windows_granted: int = 0
+    events: int = 0
+    prediction_error_p50: float = 0.0
+    uptime_ns: int = 0
+    dropped_events: int = 0
+    rejected_events: int = 0
+    trainer_free_memory_bytes: int = 0
+    trainers: int = 0
+    event_delay_ns_p50: float = 0.0
+    event_delay_ns_p99: float = 0.0
+    memory: GpuMemory = field(default_factory=GpuMemory)
     training_ns: int = 0  # time with a trainer stream open, from the ledger
     trainer_streams: tuple[TrainerStream, ...] = ()  # copies, one per stream open now
 

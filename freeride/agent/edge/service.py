@@ -29,7 +29,7 @@ from freeride.agent.edge.convert import (
 from freeride.agent.edge.ring import HANDSHAKE_TIMEOUT_S
 from freeride.agent.edge.trainer_link import TrainerLink
 from freeride.agent.edge.wire import Malformed, reject
-from freeride.agent.engine.core import Agent
+from freeride.agent.engine.front import Agent
 from freeride.core.status import STATUS, abort_args
 from freeride.errors import InvalidSpecError, InvalidStateError
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2_grpc, worker_pb2_grpc
@@ -189,7 +189,7 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
             self._calls.discard(call)
 
     async def _report_bubbles(self, context: grpc.aio.ServicerContext) -> None:
-        await TrainerLink(self._agent, context, self._handshake_timeout_s).serve()
+        await TrainerLink(self._agent.trainers, self._agent.config, context, self._handshake_timeout_s).serve()
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):

@@ -11,8 +11,9 @@ A `TrainerLink` owns, for one training rank's stream:
   the close      what the ring still holds is read, then each rank it reported is gone and the record
                  is dropped; no await in it (a dead peer's call is cancelled, and a cancelled await
                  would end the clean-up half way).
-While the ring is attached the agent holds it as a `RingPort` to read it late (a Stats call) and to make
-it listen or be quiet (Agent.listening).
+The link reports all of it to the GPU's trainers (freeride.agent.engine.trainers), and only to them: while
+the ring is attached they hold it as a `RingPort` to read it late (a Stats call) and to make it listen or be
+quiet (Trainers.listening).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Any
 
 import grpc
 
+from freeride.agent.config import AgentConfig
 from freeride.agent.domain.trainers import SHM, TrainerStream
 from freeride.agent.edge.bubble_checks import edge_ok, edge_problem, take_records
 from freeride.agent.edge.convert import declaration_from_pb, edge_from_pb
 from freeride.agent.edge.ring import HANDSHAKE_TIMEOUT_S, RingChannel
 from freeride.agent.edge.wire import Malformed, reject
-from freeride.agent.engine.core import Agent
+from freeride.agent.engine.trainers import Trainers
 from freeride.core.ring import Record, ring_records
 from freeride.core.version import __version__
 from freeride.v1 import trainer_pb2
@@ -38,9 +40,10 @@ log = logging.getLogger("freeride.agent")
 class TrainerLink:
     """One trainer's stream (a ReportBubbles call), and its ring if it takes one."""
 
-    def __init__(self, agent: Agent, context: grpc.aio.ServicerContext,
+    def __init__(self, trainers: Trainers, config: AgentConfig, context: grpc.aio.ServicerContext,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
-        self._agent = agent
+        self._trainers = trainers
+        self._config = config
         self._context = context
         self._handshake_timeout_s = handshake_timeout_s
         self.stream = TrainerStream(context.peer())
@@ -51,9 +54,9 @@ class TrainerLink:
 
     async def serve(self) -> None:
         """Welcome the trainer, read its messages until it ends the stream, then close."""
-        agent, context = self._agent, self._context
-        await context.write(trainer_pb2.TrainerWelcome(gpu=agent.config.gpu, agent_version=__version__))
-        agent.trainer_opened(self.stream)
+        context = self._context
+        await context.write(trainer_pb2.TrainerWelcome(gpu=self._config.gpu, agent_version=__version__))
+        self._trainers.opened(self.stream)
         log.debug("trainer stream opened (%s)", self.stream.peer)
         try:
             while True:
@@ -70,17 +73,17 @@ class TrainerLink:
 
     # -- the hello ---------------------------------------------------------------------------------
     async def _hello(self, hello: trainer_pb2.TrainerHello) -> None:
-        agent, stream = self._agent, self.stream
+        trainers, stream = self._trainers, self.stream
         stream.rank, stream.stage, stream.pid, stream.hello = hello.rank, hello.stage, hello.pid, True
-        self._refused = agent.trainer_hello(stream)
+        self._refused = trainers.hello(stream)
         if self._refused:  # logged once by the claims; the trainer's reporter says it on its side
             await self._context.abort(grpc.StatusCode.ALREADY_EXISTS, self._refused)
-        agent.trainer_declared(declaration_from_pb(hello))
+        trainers.declared(declaration_from_pb(hello))
         log.info("trainer %s connected", stream.name)
         self._ranks.add(stream.rank)
         ring = self._ring = self._ring_for(hello)
         await self._context.write(trainer_pb2.TrainerWelcome(
-            gpu=agent.config.gpu, agent_version=__version__, hello_answered=True,
+            gpu=self._config.gpu, agent_version=__version__, hello_answered=True,
             ring_socket=str(ring.socket_path) if ring else "", ring_key=ring.key if ring else b"",
         ))
         if ring is not None:
@@ -89,7 +92,7 @@ class TrainerLink:
     # -- the road ----------------------------------------------------------------------------------
     def _ring_for(self, hello: trainer_pb2.TrainerHello) -> RingChannel | None:
         """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
-        config = self._agent.config
+        config = self._config
         if not hello.shared_memory or config.bubble_path == "grpc" or not self.stream.peer.startswith("unix:"):
             return None
         try:
@@ -105,55 +108,55 @@ class TrainerLink:
                     self.stream.name, self._ring.socket_path)
 
     def _fetched(self) -> None:
-        ring, stream, agent = self._ring, self.stream, self._agent
+        ring, stream, trainers = self._ring, self.stream, self._trainers
         assert ring is not None
         stream.path = SHM
-        ring.quiet = not agent.listening  # quiet while no edge can lead to a grant (Agent.listening)
-        self._read_ns = agent.clock()
+        ring.quiet = not trainers.listening  # quiet while no edge can lead to a grant (Trainers.listening)
+        self._read_ns = trainers.clock()
         ring.start(self._deliver)
-        agent.trainer_moved(stream, ring)
+        trainers.moved(stream, ring)
         log.info("trainer %s reports through shared memory (%s)", stream.name, ring.path.name)
 
     def _deliver(self, records: list[Record]) -> None:
         """A batch read from the ring: checked as the stream's messages are, and counted."""
         assert self._ring is not None
-        agent, stream, reader = self._agent, self.stream, self._ring.reader
-        now = agent.clock()
-        rejected = take_records(stream, records, now, agent.on_bubble, self._read_ns)
+        trainers, stream, reader = self._trainers, self.stream, self._ring.reader
+        now = trainers.clock()
+        rejected = take_records(stream, records, now, trainers.edge, self._read_ns)
         self._read_ns = now
         torn = reader.corrupt + reader.lost - stream.torn
         if torn:
             stream.torn += torn
             stream.reject(f"{torn} torn or scribbled ring record(s)", torn)
-        agent.rejected_events += rejected + torn
+        trainers.rejected(rejected + torn)
         stream.dropped = reader.dropped_by_writer
 
     def _edges(self, events: Any) -> None:
         """The edges that came on the stream itself (before a ring, or without one)."""
-        agent, stream = self._agent, self.stream
-        now = agent.clock()
+        trainers, stream = self._trainers, self.stream
+        now = trainers.clock()
         for ev in events:
             problem = (edge_problem(ev, now) if not edge_ok(ev, now) else
                        f"an edge of rank {ev.rank} on the stream of rank {stream.rank}"
                        if stream.hello and ev.rank != stream.rank else "")
             if problem:
-                agent.rejected_events += 1
+                trainers.rejected()
                 stream.reject(problem)
                 continue
             self._ranks.add(ev.rank)
             stream.edges += 1
-            agent.on_bubble(edge_from_pb(ev))
+            trainers.edge(edge_from_pb(ev))
 
     # -- the close ---------------------------------------------------------------------------------
     def _close(self) -> None:
-        agent = self._agent
-        agent.trainer_ring_closing(self.stream)  # no reads from the agent into a ring being closed
+        trainers = self._trainers
+        trainers.ring_closing(self.stream)  # no reads from the agent into a ring being closed
         try:
             if self._ring is not None:
                 self._ring.close()  # takes the edges written before the trainer went
         finally:
             for rank in self._ranks:
-                agent.trainer_gone(rank)
-            agent.trainer_closed(self.stream)
+                trainers.gone(rank)
+            trainers.closed(self.stream)
             if not self._refused:
                 log.info("trainer %s disconnected", self.stream.name)

@@ -4,13 +4,14 @@ A thin front over the engine, all on one asyncio loop (nothing here waits on a w
 and nothing needs a lock: the other threads, the database writer and the memory watchdog's reads,
 hand their results back to the loop, which alone applies them):
 
-  tasks.py       the task table: every record, and each live task's runtime
-  supervisor.py  memory admission, worker start, restart and stop, the memory watchdog
-  scheduler.py   bubble edges in, windows granted and revoked, harvest accounted
-  store.py       write-behind persistence of the records and the harvest ledger
-  pubsub.py      live-view events for the Watch RPC
+  engine/tasks.py         the task table: every record, and each live task's runtime
+  engine/supervisor.py    memory admission, worker start, restart and stop, the memory watchdog
+  engine/trainers.py      the trainers: their streams, rings, rank claims, hellos, counters and listening
+  control/scheduler.py    bubble edges in, windows granted and revoked, harvest accounted
+  state/store.py          write-behind persistence of the records and the harvest ledger
+  engine/pubsub.py        live-view events for the Watch RPC
 
-Calls take and return domain objects (model.py, events.py, views.py); the servicers convert.
+Calls take and return domain objects (domain/model.py, events.py, views.py); the servicers convert.
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ import dataclasses
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass, field
 
 from freeride.agent.config import AgentConfig
+from freeride.agent.control.histogram import Histogram
 from freeride.agent.control.scheduler import Scheduler, SchedulerConfig
-from freeride.agent.control.training import TrainingTime
 from freeride.agent.domain.events import (
-    Edge,
     TaskChanged,
     TaskView,
-    TrainerChanged,
-    TrainerDeclaration,
     WindowAccounted,
     WindowRecord,
     WorkerMessage,
@@ -39,7 +37,6 @@ from freeride.agent.domain.events import (
 )
 from freeride.agent.domain.model import Counters, TaskRecord, TaskSpec, TaskState
 from freeride.agent.domain.timers import TimerHandle
-from freeride.agent.domain.trainers import RankClaims, RingPort, TrainerStream
 from freeride.agent.domain.views import GpuMemory, GpuStats, History, Stats
 from freeride.agent.engine.interpreter import pinned_python
 from freeride.agent.engine.memory import MemoryGuard
@@ -48,6 +45,7 @@ from freeride.agent.engine.refcheck import RefChecks, pinned_ref, with_checked
 from freeride.agent.engine.retention import Removal, Retention
 from freeride.agent.engine.supervisor import Launcher, Supervisor
 from freeride.agent.engine.tasks import Change, Outbox, TaskTable, copy_record
+from freeride.agent.engine.trainers import Trainers
 from freeride.agent.engine.validation import check_spec
 from freeride.agent.procs.task_logs import TaskLogs
 from freeride.agent.state.store import Database, Store
@@ -59,7 +57,39 @@ from freeride.gpu.control import GpuControl, cpu_only
 
 log = logging.getLogger("freeride.agent")
 
-_MAX_DECLARED = 1024  # ranks whose hello is kept
+
+@dataclass(frozen=True, slots=True)
+class MetricsView:
+    """What a /metrics scrape shows, copied on the agent's loop (freeride.agent.edge.metrics renders it in the
+    HTTP server's thread): a Stats answer and what only the metrics report."""
+
+    stats: Stats  # its task views hold copies of the records
+    bubble_lengths: Histogram  # a copy of the scheduler's
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # current, per task with a live worker
+    start_time_unix_s: float = 0.0
+    disk_warn_percent: int = 90
+    bubble_refused_ns: int = 0  # bubble time trainers claimed past the time that had passed (control.idle)
+
+
+class _Later:
+    """The store's and the scheduler's calls into the parts built on the scheduler (the supervisor, the trainers):
+    set once those exist, before the loop runs anything that calls them."""
+
+    supervisor: Supervisor
+    trainers: Trainers
+
+    def hang(self, task_id: str, window_id: int) -> None:
+        self.supervisor.hang(task_id, window_id)
+
+    def fit(self, task_id: str, estimate_ns: int, longest_ns: int) -> None:
+        self.supervisor.fit(task_id, estimate_ns, longest_ns)
+
+    def demand(self, wanted: bool) -> None:
+        self.trainers.demand(wanted)
+
+    def ledger(self) -> Counters:
+        """A copy of the GPU's ledger, training time included, for the store to write."""
+        return dataclasses.replace(self.trainers.ledger())
 
 
 class Agent:
@@ -83,19 +113,9 @@ class Agent:
         self._loop = asyncio.get_running_loop()
         self.events = Hub()
         self.table = TaskTable(self._changed)
-        self.streams: list[TrainerStream] = []  # one per trainer stream open now
-        self._rings: dict[int, RingPort] = {}  # the attached rings, by id() of their stream
-        # Each rank's last hello, kept after its stream ends so that `freeride profile` of a finished job
-        # knows the schedule of the bubbles still in the history (bounded: the oldest rank is forgotten).
-        self.declared: OrderedDict[int, TrainerDeclaration] = OrderedDict()
-        self._ranks = RankClaims()  # which of them reports each rank
-        # Whether the trainers' rings wake the agent per edge: only while the edges can lead to a grant (a task
-        # could take a window or holds one) or to an admission (a task waits for the trainer's free memory).
-        # Else the agent is quiet: the edges wait in the rings for the profile (see freeride.agent.edge.ring).
-        self.listening = False
-        self.rejected_events = 0  # bubble edges refused at the edge (counted by the servicer)
+        later = _Later()  # the supervisor and the trainers are built on the scheduler, which calls them
+        self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot, later.ledger)
         self.started_ns = clock()
-        self.training = TrainingTime(clock)  # time with a trainer stream open, into the ledger
         self.scheduler = Scheduler(
             clock,
             self._call_at,
@@ -104,13 +124,14 @@ class Agent:
                 hang_timeout_ns=int(config.hang_timeout_s * 1e9),
             ),
             on_account=self._on_account,
-            on_hang=lambda task_id, window_id: self.supervisor.hang(task_id, window_id),
-            on_fit=lambda task_id, estimate_ns, longest_ns: self.supervisor.fit(task_id, estimate_ns, longest_ns),
-            on_demand=lambda wanted: self._listen(wanted or self._admission_waits()),
+            on_hang=later.hang,
+            on_fit=later.fit,
+            on_demand=later.demand,
         )
-        self.store = Store(registry, config.gpu, config.state_dir, self.table.snapshot,
-                           lambda: dataclasses.replace(self.training.fold(self.scheduler.gpu)))
         self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
+        self.trainers = Trainers(clock, self.events, self.scheduler, self.table, self.store,
+                                 self.supervisor.admit_waiting, self._loop.call_soon)
+        later.supervisor, later.trainers = self.supervisor, self.trainers
         # the submits' reference checks, at the workers' placement, killed at shutdown
         self.checks = RefChecks(config.check_timeout_s, placement_env=check_env)
         self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later,
@@ -122,34 +143,8 @@ class Agent:
         # asyncio's clock is time.monotonic, the same CLOCK_MONOTONIC the trainer stamps events with.
         return self._loop.call_at(when_ns / 1e9, fn)
 
-    def _listen(self, wanted: bool) -> None:
-        """Wake per edge from now (True) or be quiet (False); each ring reads what it holds on the way."""
-        if wanted == self.listening:
-            return
-        self.listening = wanted
-        for ring in list(self._rings.values()):
-            ring.listen(wanted)
-
-    def _read_rings(self) -> None:
-        """Take what the trainers wrote and the agent has not read yet (a quiet agent reads late)."""
-        for ring in list(self._rings.values()):
-            ring.pump()
-
-    def _admission_waits(self) -> bool:
-        """A task waits for memory or a worker slot: the trainer's free-memory hint (START edges) may admit it."""
-        return self.table.waiting_count() > 0
-
-    def _relisten(self) -> None:
-        self._listen(self.scheduler.wants_edges or self._admission_waits())
-
     def _changed(self, rec: TaskRecord, change: Change) -> None:
-        if (wanted := self.scheduler.wants_edges or self._admission_waits()) != self.listening:
-            # Quiet at once (nothing is read), before the change is published; listening the next turn: the
-            # rings are read first, and that would nest in a state change.
-            if wanted:
-                self._loop.call_soon(self._relisten)
-            else:
-                self._listen(False)
+        self.trainers.task_changed()  # before the change is published: whether edges still matter
         if change is Change.STATE:
             self.store.write(rec.id)
             if self.task_logs is not None:
@@ -284,62 +279,32 @@ class Agent:
     async def stats(self) -> Stats:
         pids = [w.pid for w in self.table.workers()]  # their memory is read off the loop (PSS: ms a process)
         read = await self.supervisor.watchdog.off_loop(functools.partial(self.memory.read_snapshot, pids))
-        self._read_rings()  # edges written before the call count in its answer
+        self.trainers.read()  # edges written before the call count in its answer
         memory = self.memory.telemetry(read, self.scheduler.trainer_free_memory_bytes, self.table.reserved_bytes,
                                        self.table.waiting_count())
         return Stats(_gpu_stats(self, memory), [self.info(r) for r in self.table.records.values()])
 
+    async def metrics(self) -> MetricsView:
+        """A Stats answer and what only /metrics reports, all copies: the scrape renders them off the loop."""
+        stats = await self.stats()
+        return MetricsView(
+            Stats(stats.gpu, [view._replace(record=copy_record(view.record)) for view in stats.tasks]),
+            self.scheduler.bubble_lengths.copy(),
+            memory_bytes={i: rt.memory_bytes for i, rt in self.table.live.items()
+                          if rt.worker is not None and rt.memory_bytes is not None},
+            start_time_unix_s=time.time() - stats.gpu.uptime_ns / 1e9,
+            disk_warn_percent=self.config.disk_warn_percent,
+            bubble_refused_ns=self.scheduler.idle.cut_ns,
+        )
+
     def history(self, since_ns: int) -> History:
-        self._read_rings()  # the bubbles written before the call are in its answer
+        self.trainers.read()  # the bubbles written before the call are in its answer
         bubbles, windows = self.scheduler.history(since_ns)
         named = {share.task_id for w in windows for share in w.shares}
         tasks = [self.info(self.table.records[i]) for i in sorted(named) if i in self.table.records]
-        return History(self.config.gpu, self.clock(), bubbles, windows, tasks, list(self.declared.values()))
+        return History(self.config.gpu, self.clock(), bubbles, windows, tasks, self.trainers.declarations())
 
-    # -- trainers --------------------------------------------------------------------------------
-    def trainer_opened(self, stream: TrainerStream) -> None:
-        """Keep the stream's record and say so to watchers (`top`, tests): no poll needed to see one come."""
-        self.streams.append(stream)
-        self.training.opened()
-        self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
-
-    def trainer_declared(self, declaration: TrainerDeclaration) -> None:
-        """A rank said hello: keep what it declared of its pipeline (the newest hello of a rank wins)."""
-        self.declared.pop(declaration.rank, None)
-        self.declared[declaration.rank] = declaration
-        if len(self.declared) > _MAX_DECLARED:
-            self.declared.popitem(last=False)
-
-    def trainer_hello(self, stream: TrainerStream) -> str:
-        """The stream said who it is: "" when its rank is its own now, else why it is refused."""
-        return self._ranks.claim(stream)
-
-    def trainer_moved(self, stream: TrainerStream, ring: RingPort) -> None:
-        """The stream's edges changed road: its ring was attached, which the agent reads and wakes from now."""
-        self._rings[id(stream)] = ring
-        self.events.publish(TrainerChanged(self.clock(), True, stream.peer, len(self.streams), stream.path))
-
-    def trainer_ring_closing(self, stream: TrainerStream) -> None:
-        """The stream's ring is being closed: no more reads or wake-ups of it from here."""
-        self._rings.pop(id(stream), None)
-
-    def trainer_closed(self, stream: TrainerStream) -> None:
-        self._rings.pop(id(stream), None)
-        self._ranks.release(stream)
-        self.streams.remove(stream)
-        self.training.closed(self.scheduler.gpu)
-        self.store.mark_dirty(set(), ledger=True)
-        self.events.publish(TrainerChanged(self.clock(), False, stream.peer, len(self.streams), stream.path))
-
-    def on_bubble(self, edge: Edge) -> None:
-        hint = self.scheduler.trainer_free_memory_bytes
-        self.scheduler.on_bubble(edge)
-        if self.scheduler.trainer_free_memory_bytes != hint and self.table.waiting_count():
-            self.supervisor.admit_waiting()
-
-    def trainer_gone(self, rank: int) -> None:
-        self.scheduler.trainer_gone(rank)
-
+    # -- accounting ------------------------------------------------------------------------------
     def _on_account(self, record: WindowRecord, per_task: dict[str, Counters], total: Counters) -> None:
         for task_id, c in per_task.items():
             rec = self.table.records.get(task_id)
@@ -362,15 +327,16 @@ class Agent:
 
 def _gpu_stats(agent: Agent, memory: GpuMemory) -> GpuStats:
     """The GPU's half of a Stats answer, from the agent's parts (on its loop)."""
-    s, g = agent.scheduler, agent.training.fold(agent.scheduler.gpu)
+    s, t = agent.scheduler, agent.trainers
+    g = t.ledger()
     return GpuStats(
         gpu=agent.config.gpu, bubbles=g.bubbles, bubble_ns=g.bubble_ns, harvested_ns=g.harvested_ns,
         overrun_ns=g.overrun_ns, overrun_steps=g.overrun_steps, steps=g.steps, windows=g.windows,
         windows_granted=s.windows_granted, events=g.events,
         prediction_error_p50=percentile(s.prediction_errors, 0.5), uptime_ns=agent.clock() - agent.started_ns,
-        dropped_events=agent.events.dropped, rejected_events=agent.rejected_events,
-        trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(agent.streams),
-        trainer_streams=tuple(dataclasses.replace(t) for t in agent.streams),
+        dropped_events=agent.events.dropped, rejected_events=t.rejected_events,
+        trainer_free_memory_bytes=s.trainer_free_memory_bytes, trainers=len(t.streams),
+        trainer_streams=t.stream_copies(),
         event_delay_ns_p50=percentile(s.event_delays_ns, 0.5),
         event_delay_ns_p99=percentile(s.event_delays_ns, 0.99), memory=memory, training_ns=g.training_ns,
     )
