@@ -1,7 +1,8 @@
 """The worker's step gate: whether the next step fits the window this worker holds, decided before each step
-from the window word and the step estimate (no round trip per step); the waits between windows, for an
-unavailable resource or a full disk; the pipes it lives on; what it reports of its steps. The worker's main
-thread calls it (freeride.worker.process); the gRPC reader thread only sets `Shared`.
+from the window word and the step estimate (no round trip per step; the decision itself is freeride.worker.fit);
+the waits between windows, for an unavailable resource or a full disk; the pipes it lives on; what it reports of
+its steps (through an `Outbox`: freeride.worker.messages builds the messages). The worker's main thread calls it
+(freeride.worker.process); the gRPC reader thread only sets `Shared`.
 """
 
 from __future__ import annotations
@@ -12,26 +13,27 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from freeride.core import disk
-from freeride.core.window import WindowReader
+from freeride.core.window import WindowReader, WindowWord
 from freeride.errors import TaskStop, Unavailable
-from freeride.v1 import worker_pb2 as pb
 from freeride.worker.estimate import StepEstimator
+from freeride.worker.fit import FAR_BEYOND, PROBE_AFTER_WINDOWS, Decision, Estimates, Held, Verdict, judge
 from freeride.worker.offwindow import OffWindow
+from freeride.worker.terms import Control, EndReason, Setup
+
+__all__ = ["FAR_BEYOND", "MIN_RETRY_S", "PROBE_AFTER_WINDOWS", "Outbox", "PlumbingError", "Shared", "StepGate",
+           "backoff_delays", "peak_rss_bytes"]
 
 log = logging.getLogger("freeride.worker")
 
 REPORT_BATCH = 256
-PROBE_AFTER_WINDOWS = 8  # a task whose declared smallest step fit none of this many windows steps anyway
-# A step is never run on no evidence (a probe, a step after the warm-up) when what is known of it is more than
-# this many times the longest window this worker was granted: that step would overrun a bubble by seconds.
-FAR_BEYOND = 8
 PROGRESS_EVERY_S = 1.0
 MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
+_CLOSES = {Verdict.REVOKED: EndReason.REVOKED, Verdict.EXPIRED: EndReason.EXPIRED, Verdict.NO_FIT: EndReason.NO_FIT}
 
 
 class PlumbingError(BaseException):
@@ -39,13 +41,25 @@ class PlumbingError(BaseException):
     A BaseException, as TaskStop: a task's `except Exception` in run() must not swallow it."""
 
 
+class Outbox(Protocol):
+    """What the gate says to the agent (freeride.worker.messages.Outbox)."""
+
+    def steps(self, window_id: int, steps: Sequence[tuple[int, int]], progress: Mapping[str, float],
+              peak_memory_bytes: int) -> None: ...
+
+    def window_done(self, window_id: int, reason: EndReason, idle_ns: int, step_estimate_ns: int,
+                    woke_ns: int) -> None: ...
+
+    def waiting(self, reason: str, waiting: bool) -> None: ...
+
+
 class Shared:
     """What the gRPC reader thread tells the main thread; `wake` interrupts its idle wait."""
 
     def __init__(self) -> None:
-        self.control = pb.CONTROL_ACTION_UNSPECIFIED
+        self.control = Control.NONE
         self.lost = False
-        self.setup: pb.WorkerSetup | None = None
+        self.setup: Setup | None = None
         self.setup_received = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -64,23 +78,27 @@ class Shared:
 class StepGate:
     """Decides when the next step may run; reports steps and closed windows."""
 
-    def __init__(self, shared: Shared, send: Any, estimator: StepEstimator, on_idle: Any) -> None:
+    def __init__(self, shared: Shared, outbox: Outbox, estimator: StepEstimator,
+                 on_idle: Callable[[bool], None], clock: Callable[[], int] = time.monotonic_ns) -> None:
+        """`on_idle(force)`: a window ended (False) or the agent asked for a checkpoint (True): the worker's
+        chance to checkpoint between windows; `clock`: CLOCK_MONOTONIC in ns, the window word's clock."""
         self._s = shared
-        self._send = send
+        self._out = outbox
         self.estimator = estimator
         self._on_idle = on_idle
+        self._clock = clock
         self.window: WindowReader | None = None
         self._wid = 0
         self._until_ns = 0
         self._last_wid = 0
         self._waiting_for = ""  # the reason of the wait under way (Unavailable, a full disk); empty: none
         self._stepped = False  # whether a step ran in the current window
-        self._steps: list[pb.Step] = []
+        self._steps: list[tuple[int, int]] = []  # (start_ns, duration_ns) of the steps not reported yet
         self.total_steps = 0
         self._piece_start_ns = 0
-        self._progress_at = 0.0
-        self.progress: Any = dict
-        self.declared_step_s: Any = lambda: None  # the task's min_step_s(), when it sizes its own steps
+        self._progress_at = 0
+        self.progress: Callable[[], Mapping[str, float]] = dict
+        self.declared_step_s: Callable[[], float | None] = lambda: None  # the task's min_step_s(), if it sizes steps
         self._unfit_windows = 0  # windows in a row in which the declared smallest step did not fit
         self._woke_ns = 0  # when the idle wait ended, until the next read of the word
         self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
@@ -108,7 +126,7 @@ class StepGate:
         return est
 
     def _far_beyond(self, duration_ns: int) -> bool:
-        return self._longest_window_ns > 0 and duration_ns > FAR_BEYOND * self._longest_window_ns
+        return Estimates(longest_window_ns=self._longest_window_ns).far_beyond(duration_ns)
 
     def _declared_ns(self) -> int | None:
         try:
@@ -128,92 +146,91 @@ class StepGate:
             word = self.window.read()
             if word.window_id != self._wid or not word.open:
                 return 0.0
-        return max(0.0, (self._until_ns - time.monotonic_ns()) / 1e9)
+        return max(0.0, (self._until_ns - self._clock()) / 1e9)
 
     def acquire(self) -> None:
-        """Return when a step may start now; raise TaskStop when the worker must stop."""
-        s = self._s
+        """Return when a step may start now; raise TaskStop when the worker must stop. Read the word, judge
+        (freeride.worker.fit), act on the verdict; wait only when idle."""
         assert self.window is not None
         while True:
             self._stop_if_asked()
             word = self.window.read()
             woke, self._woke_ns = self._woke_ns, 0  # the wait just ended, if it did: the grant's wake-up
-            if not self._wid and word.window_id > self._last_wid:
-                if not word.open:
-                    # Granted and revoked before this worker woke up: say so, or the agent would
-                    # keep the task marked busy with a window it never ran in.
-                    self._wid = word.window_id
-                    self.close(pb.WINDOW_END_REASON_REVOKED)
-                    continue
-                # A new window: judged below from the same word (a grant's first step waits for no second read).
-                self.off_window.restore()
-                self._wid, self._until_ns = word.window_id, word.until_ns
-                self._stepped = False
-                self._saw_ns = woke or time.monotonic_ns()
-                self._longest_window_ns = max(self._longest_window_ns, self._until_ns - self._saw_ns)
-            if self._wid:
-                if word.window_id != self._wid or not word.open:
-                    self.close(pb.WINDOW_END_REASON_REVOKED)
-                    continue
-                now = time.monotonic_ns()
-                if now >= self._until_ns:
-                    self.close(pb.WINDOW_END_REASON_EXPIRED)
-                    continue
-                declared = self._declared_ns()
-                est = declared if declared is not None else self._measured_ns()
-                if est is not None and now + est > self._until_ns:
-                    if not self._stepped:
-                        far = FAR_BEYOND * self._longest_window_ns
-                        if declared is None and self.estimator.forget_outlier(keep_above_ns=far):
-                            continue  # granted, yet not one step fit a stale outlier: judge this window again
-                        if declared is not None and not self._far_beyond(declared):
-                            # Only a step can refresh what the task declares: after some windows it did
-                            # not fit, one step (which sizes itself to what is left) lets it measure again.
-                            self._unfit_windows += 1
-                            if self._unfit_windows >= PROBE_AFTER_WINDOWS:
-                                self._unfit_windows = 0
-                                return
-                    self.close(pb.WINDOW_END_REASON_NO_FIT)
-                    continue
-                self._unfit_windows = 0
+            decision = self._judge(word)
+            if decision.verdict is Verdict.GRANTED:  # taken, and judged from the same word: no second read
+                self._take(word, woke)
+                decision = self._judge(word)
+            self._unfit_windows = decision.unfit_windows
+            verdict = decision.verdict
+            if verdict in (Verdict.STEP, Verdict.PROBE):
                 return
-            if self._checkpoint_if_asked():
+            if verdict is Verdict.OUTLIER:
+                if self.estimator.forget_outlier(keep_above_ns=FAR_BEYOND * self._longest_window_ns):
+                    continue  # granted, yet not one step fit a stale outlier: judge this window again
+                verdict = Verdict.NO_FIT
+            if verdict in _CLOSES:
+                # (a window granted and revoked before this worker woke up is reported too, or the agent would
+                # keep the task marked busy with a window it never ran in)
+                self._wid = self._wid or word.window_id
+                self.close(_CLOSES[verdict])
                 continue
-            # Idle: block until the agent writes the window word or the reader thread wakes us.
-            self.off_window.enter()
-            try:
-                ready, _, _ = select.select([self.window.fd, s._wake_r], [], [])
-            except OSError:
-                self.check_pipes(everyone=True)
-                raise
-            finally:
-                self.off_window.leave()
-            self._woke_ns = time.monotonic_ns()
-            if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
-                s.drain()
-            if self.window.fd in ready and not self.window.drain():
-                s.lost = True
+            if not self._checkpoint_if_asked():
+                self._wait_for_word()
+
+    def _judge(self, word: WindowWord) -> Decision:
+        held = Held(self._wid, self._until_ns, self._last_wid, self._stepped, self._unfit_windows)
+        if not self._wid:
+            return judge(word, self._clock(), held, Estimates())
+        declared = self._declared_ns()
+        est = Estimates(declared, self._measured_ns() if declared is None else None, self._longest_window_ns)
+        return judge(word, self._clock(), held, est)
+
+    def _take(self, word: WindowWord, woke_ns: int) -> None:
+        """A new window: the task's threads back to full speed, the window's end and when it was seen."""
+        self.off_window.restore()
+        self._wid, self._until_ns = word.window_id, word.until_ns
+        self._stepped = False
+        self._saw_ns = woke_ns or self._clock()
+        self._longest_window_ns = max(self._longest_window_ns, self._until_ns - self._saw_ns)
+
+    def _wait_for_word(self) -> None:
+        """Idle: block until the agent writes the window word or the reader thread wakes us (no timeout)."""
+        s = self._s
+        assert self.window is not None
+        self.off_window.enter()
+        try:
+            ready, _, _ = select.select([self.window.fd, s._wake_r], [], [])
+        except OSError:
+            self.check_pipes(everyone=True)
+            raise
+        finally:
+            self.off_window.leave()
+        self._woke_ns = self._clock()
+        if s._wake_r in ready:  # only what is ready is read: a grant costs one read, no failed one
+            s.drain()
+        if self.window.fd in ready and not self.window.drain():
+            s.lost = True
 
     def _stop_if_asked(self) -> None:
         """Raise TaskStop (closing any window held) on pause, cancel or a lost agent."""
         s = self._s
-        if s.control in (pb.CONTROL_ACTION_PAUSE, pb.CONTROL_ACTION_CANCEL) or s.lost:
+        if s.control in (Control.PAUSE, Control.CANCEL) or s.lost:
             if not self._wid and self.window is not None:
                 word = self.window.read()
                 if word.window_id > self._last_wid:
                     # Granted while this worker was idle, and not looked at yet: give it back before the
                     # checkpoint, or the agent would hold it busy and its hang timer would kill the checkpoint.
                     self._wid = word.window_id
-            self.close(pb.WINDOW_END_REASON_STOPPING)
+            self.close(EndReason.STOPPING)
             self.off_window.restore()  # its checkpoint may need every thread it has
             raise TaskStop
 
     def _checkpoint_if_asked(self) -> bool:
         s = self._s
-        if s.control != pb.CONTROL_ACTION_CHECKPOINT:
+        if s.control is not Control.CHECKPOINT:
             return False
-        s.control = pb.CONTROL_ACTION_UNSPECIFIED
-        self._on_idle(force=True)
+        s.control = Control.NONE
+        self._on_idle(True)
         return True
 
     def wait_available(self, exc: Unavailable, available: Callable[[], bool]) -> None:
@@ -240,25 +257,25 @@ class StepGate:
         assert self.window is not None
         outer = self._waiting_for
         self._waiting_for = reason
-        self.close(pb.WINDOW_END_REASON_UNAVAILABLE)
-        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=True)))
+        self.close(EndReason.UNAVAILABLE)
+        self._out.waiting(reason, True)
         log.info("task unavailable (%s); waiting, first retry in %ss", reason, retry_s)
         delays = backoff_delays(retry_s, max_retry_s)
         complained = False
         try:
             while True:
-                deadline = time.monotonic() + next(delays)
+                deadline = self._clock() + int(next(delays) * 1e9)
                 while True:  # until the deadline; a checkpoint asked meanwhile is taken, the wait goes on
                     self._stop_if_asked()
-                    if asked_retries and s.control == pb.CONTROL_ACTION_CHECKPOINT:
-                        s.control = pb.CONTROL_ACTION_UNSPECIFIED
+                    if asked_retries and s.control is Control.CHECKPOINT:
+                        s.control = Control.NONE
                         break
                     if self._checkpoint_if_asked():
                         continue
-                    left = deadline - time.monotonic()
+                    left = deadline - self._clock()
                     if left <= 0:
                         break
-                    select.select([s._wake_r], [], [], left)
+                    select.select([s._wake_r], [], [], left / 1e9)
                     s.drain()
                 self.forget_stale_grants()
                 try:
@@ -272,9 +289,9 @@ class StepGate:
             self._waiting_for = outer
         self.forget_stale_grants()
         if outer:
-            self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=outer, waiting=True)))
+            self._out.waiting(outer, True)
             return
-        self._send(pb.WorkerMessage(waiting=pb.WorkerWaiting(reason=reason, waiting=False)))
+        self._out.waiting(reason, False)
         log.info("task available again (was: %s)", reason)
 
     def forget_stale_grants(self) -> None:
@@ -288,13 +305,17 @@ class StepGate:
 
     def yield_point(self) -> None:
         """An imperative task finished a piece: account it, then wait until the next may run."""
-        self.step_done(self._piece_start_ns, time.monotonic_ns())
+        self.step_done(self._piece_start_ns, self._clock())
         self.acquire()
-        self._piece_start_ns = time.monotonic_ns()
+        self._piece_start_ns = self._clock()
 
     def begin_pieces(self) -> None:
         self.acquire()
-        self._piece_start_ns = time.monotonic_ns()
+        self._piece_start_ns = self._clock()
+
+    def end_pieces(self) -> None:
+        """An imperative task's run() returned: its last piece is a step too."""
+        self.step_done(self._piece_start_ns, self._clock())
 
     def _pipes(self, everyone: bool) -> list[tuple[str, int]]:
         pipes = [("window pipe", self.window.fd if self.window is not None else -1)]
@@ -333,27 +354,21 @@ class StepGate:
         duration = end_ns - start_ns
         self._stepped = True
         self.estimator.add(duration)
-        self._steps.append(pb.Step(start_ns=start_ns, duration_ns=duration))
+        self._steps.append((start_ns, duration))
         self.total_steps += 1
         if len(self._steps) >= REPORT_BATCH:
             self._flush_steps()
 
-    def close(self, reason: pb.WindowEndReason) -> None:
+    def close(self, reason: EndReason) -> None:
         if not self._wid:
             return
-        idle_ns = time.monotonic_ns()
+        idle_ns = self._clock()
         self._flush_steps()
-        est = self.estimate_ns() or 0
-        self._send(
-            pb.WorkerMessage(
-                window_done=pb.WindowDone(window_id=self._wid, reason=reason, idle_ns=idle_ns, step_estimate_ns=est,
-                                          woke_ns=self._saw_ns)
-            )
-        )
+        self._out.window_done(self._wid, reason, idle_ns, self.estimate_ns() or 0, self._saw_ns)
         self._last_wid, self._wid = self._wid, 0
         self._saw_ns = 0
-        if reason not in (pb.WINDOW_END_REASON_STOPPING, pb.WINDOW_END_REASON_CHECKPOINT):
-            self._on_idle(force=False)
+        if reason not in (EndReason.STOPPING, EndReason.CHECKPOINT):
+            self._on_idle(False)
 
     def give_back_unseen(self) -> None:
         """Before a checkpoint (idle, holding no window): give back a grant written since this worker last looked,
@@ -363,23 +378,17 @@ class StepGate:
         word = self.window.read()
         if word.window_id > self._last_wid:
             self._wid = word.window_id
-            self.close(pb.WINDOW_END_REASON_CHECKPOINT)
+            self.close(EndReason.CHECKPOINT)
 
     def _flush_steps(self) -> None:
-        now = time.monotonic()
-        progress = {}
-        if now - self._progress_at >= PROGRESS_EVERY_S:  # progress() may be costly (an evaluation)
+        now = self._clock()
+        progress: Mapping[str, float] = {}
+        if not self._progress_at or now - self._progress_at >= PROGRESS_EVERY_S * 1e9:  # progress() may be costly
             self._progress_at = now
             progress = self.progress()
             self._peak_bytes = peak_rss_bytes()  # (sampled as seldom: it reads /proc)
-        report = pb.StepReport(
-            window_id=self._wid,
-            steps=self._steps,
-            progress=progress,
-            peak_memory_bytes=self._peak_bytes,
-        )
-        self._steps = []
-        self._send(pb.WorkerMessage(steps=report))
+        steps, self._steps = self._steps, []
+        self._out.steps(self._wid, steps, progress, self._peak_bytes)
 
 
 def peak_rss_bytes(status: Path = Path("/proc/self/status")) -> int:

@@ -13,52 +13,32 @@ import argparse
 import contextlib
 import logging
 import os
-import pickle
-import queue
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import grpc
-
-from freeride.core import disk
-from freeride.core.cpu import Placement, apply_from_env
+from freeride.core.cpu import Placement
 from freeride.core.exits import NO_RESTART, REASON_MARK
 from freeride.core.private import create_private
 from freeride.core.version import WORKER_PROTOCOL
 from freeride.core.window import WindowReader
 from freeride.errors import PermanentError, TaskRefError, TaskStop, Unavailable
 from freeride.sdk.task import ImperativeTask, IterativeTask, TaskContext
-from freeride.v1 import worker_pb2 as pb
-from freeride.v1 import worker_pb2_grpc
-from freeride.worker import green, protocol
+from freeride.worker import checkpoint, green, protocol
 from freeride.worker._loader import bind_args, load_class
 from freeride.worker._progress import BoundedProgress
+from freeride.worker.checkpoint import Checkpoint, CheckpointError, CheckpointFormatError
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import PlumbingError, Shared, StepGate
 from freeride.worker.leftovers import kill_own_leftovers
+from freeride.worker.messages import AgentLink
 from freeride.worker.offwindow import OffWindow
+from freeride.worker.placement import apply_cpu_placement, env_int, gpu_index, limit_torch_memory
+from freeride.worker.terms import Control, EndReason, Setup
 
 log = logging.getLogger("freeride.worker")
-
-_CHECKPOINT_VERSION = 1  # the checkpoint file's format; _restore refuses any other
-
-
-class _CheckpointFormatError(Exception):
-    """The task's checkpoint was written in a format this worker does not read, or its task says (PermanentError)
-    that it cannot resume from it: a retry would read the same file."""
-
-
-class _CheckpointError(Exception):
-    """Taking, writing or restoring the task's checkpoint failed; the message names the part (state_dict(), ...)."""
-
-    def __init__(self, message: str, disk_full: str = "") -> None:
-        super().__init__(message)
-        self.disk_full = disk_full  # the disk is full: the reason to wait with (freeride.core.disk), not a failure
 
 
 class Worker:
@@ -66,48 +46,34 @@ class Worker:
         self.task_id = task_id
         self.instance = instance
         self._s = Shared()
-        self._out: queue.SimpleQueue[pb.WorkerMessage | None] = queue.SimpleQueue()
-        self._channel = grpc.insecure_channel(target)
-        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        self.link = AgentLink(target)
+        self._out = self.link.outbox
         self._ckpt_at = time.monotonic()
         self.task: IterativeTask | ImperativeTask | None = None
-        self.gate = StepGate(self._s, self._out.put, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
+        self.gate = StepGate(self._s, self._out, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
         self.gate.window = window  # mapped before any task code runs: whatever it closes, the word stays
         self.gate.know_pipes()
 
-    # -- stream plumbing -------------------------------------------------------------------------
-    def _requests(self) -> Iterator[pb.WorkerMessage]:
-        while True:
-            msg = self._out.get()
-            if msg is None:
-                return
-            yield msg
+    # -- what the reader thread hands on -----------------------------------------------------------
+    def _on_setup(self, setup: Setup) -> None:
+        self._s.setup = setup
+        self._s.setup_received.set()
 
-    def _read(self, responses: Iterator[pb.AgentCommand]) -> None:
-        s = self._s
-        try:
-            for cmd in responses:
-                which = cmd.WhichOneof("body")
-                if which == "control":
-                    s.control = cmd.control.action
-                    s.wake()
-                elif which == "setup":
-                    s.setup = cmd.setup
-                    s.setup_received.set()
-        except grpc.RpcError:  # the agent is gone (killed), with the log writer that reads our output
+    def _on_control(self, control: Control) -> None:
+        self._s.control = control
+        self._s.wake()
+
+    def _on_lost(self, broken: bool) -> None:
+        if broken:  # the agent is gone (killed), with the log writer that reads our output
             _write_own_log()
-        s.lost = True
-        s.setup_received.set()
-        s.wake()
+        self._s.lost = True
+        self._s.setup_received.set()
+        self._s.wake()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
-        responses = self._stub.Attach(self._requests())
-        reader = threading.Thread(target=self._read, args=(responses,), name="freeride-agent-reader", daemon=True)
-        reader.start()
-        self._out.put(
-            pb.WorkerMessage(hello=pb.WorkerHello(task_id=self.task_id, instance=self.instance, pid=os.getpid()))
-        )
+        self.link.open(self._on_setup, self._on_control, self._on_lost)
+        self._out.hello(self.task_id, self.instance, os.getpid())
         self._s.setup_received.wait()
         setup = self._s.setup
         if setup is None:
@@ -118,9 +84,7 @@ class Worker:
             if self._s.lost:  # (its checkpoint is taken) nobody else may end what the task left: records.py
                 kill_own_leftovers()
         finally:
-            self._out.put(None)
-            reader.join(timeout=5)
-            self._channel.close()
+            self.link.close()
         return code
 
     def _plumbing_intact(self) -> None:
@@ -131,7 +95,7 @@ class Worker:
         except PlumbingError as exc:
             _die(str(exc))
 
-    def _run_task(self, setup: pb.WorkerSetup) -> int:
+    def _run_task(self, setup: Setup) -> int:
         # Before any task code: the threads running now (this one, gRPC's) are the worker's own, never demoted.
         self.gate.off_window = OffWindow.for_placement(Placement.from_env(os.environ), self._burned_off_window,
                                                        time.monotonic_ns)
@@ -155,7 +119,7 @@ class Worker:
             checkpoint_path=setup.checkpoint_path,
             device=os.environ.get("FREERIDE_DEVICE", "cpu"),  # the agent sets cuda:0 on a GPU
             mem_limit_bytes=setup.mem_limit_bytes,
-            gpu=_gpu_index(os.environ.get("FREERIDE_GPU", "")),  # the agent's --gpu
+            gpu=gpu_index(),  # the agent's --gpu
             _runtime=self.gate,
         )
         bounded = BoundedProgress()  # never a message gRPC refuses (the stream would close: a silent death)
@@ -165,7 +129,7 @@ class Worker:
         kind = "imperative" if isinstance(task, ImperativeTask) else "iterative"
         try:
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=True)
-            if said := green.enter(_int(os.environ.get("FREERIDE_GREEN_SMS", "")), task.context.device):
+            if said := green.enter(env_int(os.environ.get("FREERIDE_GREEN_SMS", "")), task.context.device):
                 log.info("%s", said)
             task.setup()
             limit_torch_memory(setup.mem_limit_bytes, task.context.device, before_setup=False)
@@ -177,21 +141,19 @@ class Worker:
             return self._fail(f"setup raised {type(exc).__name__}: {exc}", retryable=True)
         try:
             resumed = self._restore()
-        except _CheckpointFormatError as exc:  # a retry would read the same file: fail once, say what to do
+        except CheckpointFormatError as exc:  # a retry would read the same file: fail once, say what to do
             self._plumbing_intact()
             return self._fail(str(exc), retryable=False)
-        except _CheckpointError as exc:
+        except CheckpointError as exc:
             self._plumbing_intact()
             return self._fail(str(exc), retryable=True)
         self._plumbing_intact()
-        self._out.put(
-            pb.WorkerMessage(ready=pb.WorkerReady(kind=kind, resumed_steps=resumed, progress=self.gate.progress()))
-        )
+        self._out.ready(kind, resumed, self.gate.progress())
         try:
             if isinstance(task, ImperativeTask):
                 self.gate.begin_pieces()
                 task.run()
-                self.gate.step_done(self.gate._piece_start_ns, time.monotonic_ns())
+                self.gate.end_pieces()
             else:
                 while not task.is_done():
                     self.gate.acquire()
@@ -202,13 +164,13 @@ class Worker:
                         self.gate.wait_available(exc, task.available)
                         continue
                     self.gate.step_done(start, time.monotonic_ns())
-            self.gate.close(pb.WINDOW_END_REASON_DONE)
+            self.gate.close(EndReason.DONE)
             self._checkpoint_or_wait()
         except TaskStop:
             return self._stop()
         except PlumbingError as exc:
             _die(str(exc))
-        except _CheckpointError as exc:  # a checkpoint between windows: not the step's fault
+        except CheckpointError as exc:  # a checkpoint between windows: not the step's fault
             return self._fail(str(exc))
         except Unavailable as exc:  # from run() (or is_done()): only a step can be given back and retried
             where = "run()" if kind == "imperative" else "is_done()"
@@ -222,27 +184,27 @@ class Worker:
             return self._fail(f"{'run' if kind == 'imperative' else 'step'}() raised {type(exc).__name__}: {exc}")
         progress = self.gate.progress()
         self._teardown()
-        self._out.put(pb.WorkerMessage(finished=pb.WorkerFinished(progress=progress)))
+        self._out.finished(progress)
         return 0
 
     def _burned_off_window(self, cpu_ns: int, waited_ns: int) -> None:
         log.warning("the task used %.0f%% of a core while it held no window (%.1f s of CPU in %.1f s of waiting): "
                     "a thread or process it started keeps running between steps; stop it when step() returns",
                     100 * cpu_ns / waited_ns, cpu_ns / 1e9, waited_ns / 1e9)
-        self._out.put(pb.WorkerMessage(idle_cpu=pb.WorkerIdleCpu(cpu_ns=cpu_ns, idle_ns=waited_ns)))
+        self._out.idle_cpu(cpu_ns, waited_ns)
 
     def _stop(self) -> int:
         """Pause, cancel or a lost agent: save the state so nothing is lost, then exit."""
         try:
             self._checkpoint()
-        except _CheckpointError as exc:  # the agent puts it in the paused or cancelled task's reason
+        except CheckpointError as exc:  # the agent puts it in the paused or cancelled task's reason
             return self._fail(str(exc))
         self._teardown()
         return 0
 
     def _fail(self, reason: str, retryable: bool = True) -> int:
         traceback.print_exc()
-        self._out.put(pb.WorkerMessage(failed=pb.WorkerFailed(reason=reason, retryable=retryable)))
+        self._out.failed(reason, retryable)
         if self.task is not None:
             self._teardown()
         return 1
@@ -265,7 +227,7 @@ class Worker:
         restart: the state is still in this process, and the steps it would lose are not run meanwhile)."""
         try:
             self._checkpoint()
-        except _CheckpointError as exc:
+        except CheckpointError as exc:
             if not exc.disk_full:
                 raise
             log.warning("%s; waiting for space", exc)
@@ -274,7 +236,7 @@ class Worker:
     def _checkpoint_written(self) -> bool:
         try:
             self._checkpoint()
-        except _CheckpointError as exc:
+        except CheckpointError as exc:
             if not exc.disk_full:
                 raise
             return False
@@ -288,78 +250,44 @@ class Worker:
         self._ckpt_at = time.monotonic()
         self.gate.off_window.restore()  # a checkpoint between windows may need every thread the task has
         self.gate.give_back_unseen()
-        self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=True)))
+        self._out.checkpointing(True)
         try:
             self._write_checkpoint()
         finally:
             self._ckpt_at = time.monotonic()  # the interval runs between checkpoints, not from one's start
-            self._out.put(pb.WorkerMessage(checkpointing=pb.WorkerCheckpointing(active=False)))
+            self._out.checkpointing(False)
 
     def _write_checkpoint(self) -> None:
         assert self.task is not None
         try:
             state = self.task.state_dict()
         except Exception as exc:
-            raise _CheckpointError(f"state_dict() raised {type(exc).__name__}: {exc}") from exc
+            raise CheckpointError(f"state_dict() raised {type(exc).__name__}: {exc}") from exc
         if state is None:
             return
         path = Path(self._setup.checkpoint_path)
-        payload = {
-            "version": _CHECKPOINT_VERSION,
-            "steps": self.gate.total_steps,
-            "state": state,
-            "step_samples_ns": self.gate.estimator.samples(),
-        }
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        try:
-            with os.fdopen(create_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-                pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # a partial file: its space goes back (the previous checkpoint stays)
-                tmp.unlink()
-            # (checkpoints live in the state directory's checkpoints/: freeride.agent.engine.streams)
-            full = disk.wait_reason("its checkpoint cannot be written to", path.parent, exc, path.parent.parent) \
-                if disk.is_full(exc) else ""
-            raise _CheckpointError(f"writing the checkpoint {path} failed: {exc}", disk_full=full) from exc
-        except Exception as exc:  # pickle's errors: PicklingError, TypeError, AttributeError
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise _CheckpointError(
-                f"what state_dict() returned cannot be pickled: {type(exc).__name__}: {exc}") from exc
-        self._out.put(
-            pb.WorkerMessage(
-                checkpointed=pb.Checkpointed(steps=self.gate.total_steps, path=str(path), progress=self.gate.progress())
-            )
-        )
+        checkpoint.write(path, Checkpoint(self.gate.total_steps, state, self.gate.estimator.samples()))
+        self._out.checkpointed(self.gate.total_steps, str(path), self.gate.progress())
 
     def _restore(self) -> int:
         assert self.task is not None
-        path = Path(self._setup.checkpoint_path)
-        if not self._setup.checkpoint_path or not path.exists():
+        if not self._setup.checkpoint_path:
             return 0
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-        version = payload.get("version") if isinstance(payload, dict) else None
-        if version != _CHECKPOINT_VERSION:
-            raise _CheckpointFormatError(
-                f"checkpoint {path} is in format {version!r}, and this freeride reads format {_CHECKPOINT_VERSION}; "
-                "move the file away (it is kept) to start the task from scratch, or resume it with the freeride "
-                "that wrote it"
-            )
+        path = Path(self._setup.checkpoint_path)
+        found = checkpoint.read(path)
+        if found is None:
+            return 0
         try:
-            self.task.load_state_dict(payload["state"])
+            self.task.load_state_dict(found.state)
         except PermanentError as exc:
-            raise _CheckpointFormatError(f"load_state_dict(): {exc} (restoring {path}; move it away to start the "
-                                         "task from scratch)") from exc
+            raise CheckpointFormatError(f"load_state_dict(): {exc} (restoring {path}; move it away to start the "
+                                        "task from scratch)") from exc
         except Exception as exc:
-            raise _CheckpointError(
+            raise CheckpointError(
                 f"load_state_dict() raised {type(exc).__name__}: {exc} (restoring {path}; move it away to start "
                 "the task from scratch)") from exc
-        self.gate.total_steps = int(payload["steps"])
-        self.gate.estimator.load(list(payload.get("step_samples_ns", [])))
+        self.gate.total_steps = found.steps
+        self.gate.estimator.load(found.step_samples_ns)
         return self.gate.total_steps
 
 
@@ -391,58 +319,6 @@ def _die(reason: str) -> NoReturn:
     os._exit(NO_RESTART)
 
 
-def _gpu_index(raw: str) -> int:
-    """FREERIDE_GPU as the agent set it; -1 when absent or not a number (a worker started by hand)."""
-    return _int(raw, -1)
-
-
-def _int(raw: str, default: int = 0) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        return default
-
-
-_torch_limited = False
-
-
-def limit_torch_memory(cap_bytes: int, device: str, before_setup: bool) -> None:
-    """Cap PyTorch's caching allocator at the task's memory cap (a second line behind MPS's pinned limit).
-
-    Before setup only when the agent put the worker on a GPU (importing torch costs a second);
-    after setup for any task that initialised CUDA itself. The MPS client settings are already in
-    the environment (the agent spawned the worker with them), so creating the context here is safe.
-    """
-    global _torch_limited
-    if cap_bytes <= 0 or _torch_limited:
-        return
-    if before_setup and not device.startswith("cuda"):
-        return
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        if not before_setup:
-            return
-        try:
-            import torch
-        except ImportError:
-            return
-    if not torch.cuda.is_available() or (not before_setup and not torch.cuda.is_initialized()):
-        return
-    index = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), index)
-    _torch_limited = True
-    log.info("torch memory fraction on cuda:%d set to %.3f (cap %d MiB)", index, cap_bytes / total, cap_bytes >> 20)
-
-
-def _apply_placement() -> bool:
-    """The CPU placement the agent chose (--worker-nice/-cpus/-sched), applied before the task starts anything."""
-    problem = apply_from_env(os.environ)
-    if problem:
-        log.error("cannot run at the CPU placement the agent chose: %s", problem)
-    return not problem
-
-
 class _PrintProtocol(argparse.Action):
     """`--protocol`: the one JSON line of protocol.answer(), unwrapped (argparse's version action wraps it)."""
 
@@ -469,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if wrong:  # told the agent in the log, marked: the task FAILS with it, no restart (freeride.core.exits)
         print(REASON_MARK + wrong, file=sys.stderr, flush=True)
         return NO_RESTART
-    if not _apply_placement():
+    if not apply_cpu_placement():
         return 2
     window = WindowReader(ns.window_word_fd, ns.window_fd)
     return Worker(ns.agent, ns.task_id, ns.instance, window).run()

@@ -17,10 +17,11 @@ import pytest
 
 from freeride import TaskStop
 from freeride.core.window import WindowReader, WindowWriter
-from freeride.v1 import worker_pb2 as pb
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import Shared, StepGate
+from freeride.worker.messages import Outbox
 from freeride.worker.offwindow import PERIOD_S, OffWindow, may_leave_idle, threads
+from freeride.worker.terms import Control
 
 needs_idle = pytest.mark.skipif(
     not hasattr(os, "SCHED_IDLE") or bool(may_leave_idle(os.getpriority(os.PRIO_PROCESS, 0))),
@@ -62,7 +63,7 @@ def task_thread() -> Iterator[TaskThread]:
 def gate_with(reports: list[tuple[int, int]], spare: frozenset[int]) -> tuple[StepGate, WindowWriter, Shared]:
     writer = WindowWriter()
     shared = Shared()
-    gate = StepGate(shared, lambda msg: None, StepEstimator(), lambda force: None)
+    gate = StepGate(shared, Outbox(lambda msg: None), StepEstimator(), lambda force: None)
     gate.window = WindowReader(*writer.child_fds())
     gate.off_window = OffWindow(True, lambda cpu, waited: reports.append((cpu, waited)), time.monotonic_ns,
                                 spare=spare)
@@ -109,7 +110,7 @@ def test_a_stop_gives_the_threads_their_policy_back_before_the_checkpoint(task_t
     waiter = threading.Thread(target=acquire, daemon=True)
     waiter.start()
     assert wait_for_policy(task_thread, os.SCHED_IDLE)
-    shared.control = pb.CONTROL_ACTION_PAUSE
+    shared.control = Control.PAUSE
     shared.wake()
     waiter.join(5)
     assert stopped == [os.SCHED_OTHER]

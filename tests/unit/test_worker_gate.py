@@ -17,7 +17,9 @@ from freeride.core.window import WindowReader, WindowWriter
 from freeride.v1 import worker_pb2 as pb
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import MIN_RETRY_S, PROBE_AFTER_WINDOWS, PlumbingError, Shared, StepGate, backoff_delays
-from freeride.worker.process import _gpu_index
+from freeride.worker.messages import Outbox, control
+from freeride.worker.placement import gpu_index
+from freeride.worker.terms import Control, EndReason
 
 
 class Harness:
@@ -28,7 +30,7 @@ class Harness:
         self.waiting = threading.Event()  # set by WorkerWaiting(waiting=true)
         self.checkpoints = threading.Event()  # set by a forced checkpoint (one asked by the agent)
         self.shared = Shared()
-        self.gate = StepGate(self.shared, self._send, StepEstimator(), self._on_idle)
+        self.gate = StepGate(self.shared, Outbox(self._send), StepEstimator(), self._on_idle)
         self.gate.window = WindowReader(*self.writer.child_fds())
 
     def _send(self, msg: pb.WorkerMessage) -> None:
@@ -51,7 +53,7 @@ class Harness:
 
     def control(self, action: pb.ControlAction) -> None:
         """What the reader thread does when the agent sends a control."""
-        self.shared.control = action
+        self.shared.control = control(action)
         self.shared.wake()
 
     def done(self) -> list[tuple[int, int]]:
@@ -205,7 +207,7 @@ def test_a_checkpoint_asked_while_waiting_is_taken_and_the_wait_goes_on(tmp_path
     waiter, raised = wait_in_background(h, Unavailable("down", retry_s=60.0), lambda: False)
     h.control(pb.CONTROL_ACTION_CHECKPOINT)
     assert h.checkpoints.wait(5)
-    assert waiter.is_alive() and h.shared.control == pb.CONTROL_ACTION_UNSPECIFIED
+    assert waiter.is_alive() and h.shared.control is Control.NONE
     h.control(pb.CONTROL_ACTION_PAUSE)
     waiter.join(5)
     assert not waiter.is_alive() and isinstance(raised[0], TaskStop)
@@ -237,7 +239,7 @@ def test_the_backoff_doubles_up_to_its_cap_and_never_spins() -> None:
 
 @pytest.mark.parametrize(("raw", "gpu"), [("3", 3), ("0", 0), ("", -1), ("cuda", -1)])
 def test_the_worker_reads_its_gpu_index_from_the_agents_environment(raw: str, gpu: int) -> None:
-    assert _gpu_index(raw) == gpu  # -1: started by hand, not by an agent
+    assert gpu_index({"FREERIDE_GPU": raw}) == gpu  # -1: started by hand, not by an agent
 
 
 def test_the_window_done_says_when_the_worker_saw_the_grant(tmp_path: Path) -> None:
@@ -248,7 +250,7 @@ def test_the_window_done_says_when_the_worker_saw_the_grant(tmp_path: Path) -> N
     waiter.join(5)
     assert not waiter.is_alive()
     returned = time.monotonic_ns()
-    h.gate.close(pb.WINDOW_END_REASON_REVOKED)
+    h.gate.close(EndReason.REVOKED)
     (done,) = [m.window_done for m in h.sent if m.WhichOneof("body") == "window_done"]
     assert granted <= done.woke_ns <= returned  # the wait's end, or the read that found the grant
 

@@ -21,6 +21,7 @@ from freeride import TaskStop
 from freeride.core.window import WindowReader, WindowWriter
 from freeride.v1 import worker_pb2 as pb
 from freeride.worker.process import Worker
+from freeride.worker.terms import Control, Setup
 
 
 def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_before_the_checkpoint(
@@ -38,8 +39,9 @@ def test_a_window_granted_but_not_yet_seen_when_a_stop_arrives_is_given_back_bef
 _REPORT_PEAK = """
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.gate import Shared, StepGate
+from freeride.worker.messages import Outbox
 sent = []
-gate = StepGate(Shared(), sent.append, StepEstimator(), lambda force: None)
+gate = StepGate(Shared(), Outbox(sent.append), StepEstimator(), lambda force: None)
 gate._flush_steps()
 print(sent[0].steps.peak_memory_bytes)
 """
@@ -86,7 +88,7 @@ class InProcessWorker:
         self.writer = WindowWriter()
         self.checkpoint = tmp_path / "task.ckpt"
         self.worker = Worker("unix:/nonexistent", "1", 1, WindowReader(*self.writer.child_fds()))
-        self.setup = pb.WorkerSetup(task_ref=f"{LIFECYCLE}:{name}", args={k: str(v) for k, v in args.items()},
+        self.setup = Setup(task_ref=f"{LIFECYCLE}:{name}", args={k: str(v) for k, v in args.items()},
                                     checkpoint_path=str(self.checkpoint), checkpoint_interval_s=0.001)
         self.code: list[int] = []
         self._thread = threading.Thread(target=lambda: self.code.append(self.worker._run_task(self.setup)),
@@ -99,7 +101,7 @@ class InProcessWorker:
     def next(self, kind: str) -> pb.WorkerMessage:
         """The next message of this kind (those before it are skipped)."""
         while True:
-            msg = self.worker._out.get(timeout=10)
+            msg = self.worker.link.queue.get(timeout=10)
             assert msg is not None
             if msg.WhichOneof("body") == kind:
                 return msg
@@ -108,7 +110,7 @@ class InProcessWorker:
         """The kinds of the messages before the next one of `kind`, and that one."""
         seen: list[str] = []
         while True:
-            msg = self.worker._out.get(timeout=10)
+            msg = self.worker.link.queue.get(timeout=10)
             assert msg is not None
             body = str(msg.WhichOneof("body"))
             if body == kind:
@@ -132,7 +134,7 @@ def test_a_state_dict_that_raises_between_windows_is_reported_as_state_dict_not_
 def test_a_state_dict_that_raises_on_cancel_is_reported_not_lost_in_a_traceback(tmp_path: Path) -> None:
     w = InProcessWorker(tmp_path, "BadStateDict").start()
     w.next("ready")
-    w.worker._s.control = pb.CONTROL_ACTION_CANCEL
+    w.worker._s.control = Control.CANCEL
     w.worker._s.wake()
     assert w.next("failed").failed.reason == "state_dict() raised RuntimeError: cannot gather the state"
     assert w.exit_code() == 1
@@ -184,13 +186,13 @@ def test_a_checkpoint_on_a_full_disk_waits_holding_no_window_and_is_written_once
         assert reason.startswith(f"disk full: its checkpoint cannot be written to {mount} (No space left on device)")
         assert not w.checkpoint.with_suffix(".ckpt.tmp").exists()  # the partial file's space went back
         filler.unlink()  # freeride rm freed space, and the agent asks the waiting worker to try again
-        w.worker._s.control = pb.CONTROL_ACTION_CHECKPOINT
+        w.worker._s.control = Control.CHECKPOINT
         w.worker._s.wake()
         seen, written = w.until("checkpointed")
         assert "failed" not in seen and written.checkpointed.steps > 0
         seen, back = w.until("waiting")
         assert (back.waiting.reason, back.waiting.waiting) == (reason, False)  # the agent schedules it again
         assert pickle.loads(w.checkpoint.read_bytes())["steps"] == written.checkpointed.steps
-        w.worker._s.control = pb.CONTROL_ACTION_CANCEL
+        w.worker._s.control = Control.CANCEL
         w.worker._s.wake()
         assert w.exit_code() == 0
