@@ -24,37 +24,23 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from freeride.core.paths import socket_access_problem
-from freeride.core.ring import EDGE_END, EDGE_START, KINDS, MAX_STANDS_FOR, RingError, RingWriter, kind_word
-from freeride.trainer._ring import fetch_ring, park
+from freeride.core.ring import EDGE_END, EDGE_START, KINDS, MAX_STANDS_FOR, RingWriter, kind_word
+from freeride.trainer._sender import Sender
+from freeride.trainer.declaration import Pipeline
 
-if TYPE_CHECKING:  # imported by the background thread (_run): ~0.1 s at a job's start, off the training thread
+if TYPE_CHECKING:
     import grpc
-
-    from freeride.v1 import trainer_pb2
 
 log = logging.getLogger(__name__)
 
 START, END = EDGE_START, EDGE_END  # freeride.v1.BubbleEdge's numbers (the ring carries the same)
 PATHS = ("auto", "grpc")
-_MAX_BATCH = 4096  # edges per message: far below the agent's message size limit
 _HOLD_MAX = 256  # edges held at most before they are written (a quarter of a small ring at most: see hold)
 # The kinds the agent takes (freeride.agent.edge.bubble_checks.KINDS): any other number would be refused there, and
 # on the ring its upper bits would read as a weight (ring.kind_word), so the reporter refuses it first.
 _KINDS = KINDS
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """What a rank declares of its pipeline in its hello, for `freeride profile`'s theory (docs/profile.md)."""
-
-    schedule: str = ""  # the schedule's name: "1F1B", "GPipe", "Interleaved1F1B", ... ("": not declared)
-    stages: int = 0  # p: ranks in the pipeline (0: not declared)
-    microbatches: int = 0  # m: micro-batches per iteration (0: not declared)
-    stages_per_rank: int = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
 
 
 def _is_kind(kind: object) -> bool:
@@ -65,7 +51,7 @@ def _is_kind(kind: object) -> bool:
         return False
 
 
-class BubbleReporter:
+class BubbleReporter(Sender):
     """Report bubble START/END for one training rank to the agent of its GPU.
 
     `start(slot)` / `end(slot)` cost microseconds and never raise; `bubble(slot)` is a context
@@ -328,20 +314,6 @@ class BubbleReporter:
         with self._road:
             return self._road.wait_for(lambda: self.refusals >= times, timeout_s)
 
-    # -- background thread ---------------------------------------------------------------------------
-    def _road_changed(self) -> None:
-        with self._road:
-            self._road.notify_all()
-
-    def _wake(self) -> None:
-        self._sleeping = False
-        with contextlib.suppress(RuntimeError):  # already released
-            self._signal.release()
-
-    def wait_connected(self, timeout_s: float) -> bool:
-        """For tests and start-up: block until the stream to the agent is live."""
-        return self._connected.wait(timeout_s)
-
     def close(self, flush_timeout_s: float = 2.0) -> None:
         """Send what is queued, end the stream, stop the background thread."""
         self.flush()
@@ -357,155 +329,3 @@ class BubbleReporter:
         if self._wake_fd >= 0 and not self._thread.is_alive():
             os.close(self._wake_fd)
             self._wake_fd = -1
-
-    def _requests(self, generation: int) -> Iterator[trainer_pb2.BubbleBatch]:
-        from freeride.v1 import trainer_pb2  # (imported already: see _run)
-
-        mask = self._mask
-        pipe = self.pipeline
-        yield trainer_pb2.BubbleBatch(
-            hello=trainer_pb2.TrainerHello(rank=self.rank, stage=self.stage, shared_memory=self._want_ring,
-                                        ring_records=self._mask + 1, schedule=pipe.schedule, stages=pipe.stages,
-                                        microbatches=pipe.microbatches, stages_per_rank=pipe.stages_per_rank,
-                                        pid=os.getpid())
-        )
-        while generation == self._generation:
-            if self._head == self._tail:
-                if self._closed:
-                    return  # queue flushed: half-close the stream
-                self._sleeping = True
-                if self._head == self._tail:  # a write between the check and the flag would not wake us
-                    self._signal.acquire()
-                self._sleeping = False
-            if self._head == self._tail or generation != self._generation:
-                continue
-            batch = trainer_pb2.BubbleBatch()
-            add = batch.events.add
-            ring = self._ring  # (made before the first edge could be queued: see _attach)
-            head, tail = self._head, min(self._tail, self._head + _MAX_BATCH)
-            for i in range(head, tail):
-                edge, slot, iteration, now, expected, free, kind = ring[i & mask]
-                add(edge=edge, slot=slot, iteration=iteration, stage=self.stage, rank=self.rank, time_ns=now,
-                    expected_duration_ns=expected, free_memory_bytes=free, kind=kind & 0xFF)  # (no weight here)
-            self._head = tail
-            self._sent += tail - head
-            yield batch
-
-    def _attach(self, welcome: trainer_pb2.TrainerWelcome) -> None:
-        """The agent answered the hello: take its ring if it offered one, else stay on gRPC."""
-        if welcome.ring_socket:
-            try:
-                shm = fetch_ring(welcome.ring_socket, welcome.ring_key, self._wake_fd)
-            except (OSError, RingError) as exc:
-                log.warning("rank %d cannot use the agent's shared-memory ring (%s); reporting over gRPC",
-                            self.rank, exc)
-            else:
-                self._wake_fd = shm.wake_fd
-                self._shm = shm
-                log.info("rank %d reports bubbles through the agent's shared-memory ring", self.rank)
-                return
-        if not self._ring:  # the gRPC road, for the first time: its queue (before `_live` lets the hooks in)
-            self._ring = [[0] * 7 for _ in range(self._mask + 1)]
-
-    def _detach(self) -> None:
-        shm, self._shm = self._shm, None
-        if shm is not None:
-            self._ring_written += shm.written
-            self._ring_dropped += shm.dropped
-            park(self._wake_fd)
-
-    def _no_socket(self) -> bool:
-        """A unix-socket target with no file there: no agent, and nothing to load gRPC for yet."""
-        target = self.target
-        if not target.startswith("unix:") or target.startswith("unix-abstract:"):
-            return False
-        try:
-            os.stat(target.removeprefix("unix:").removeprefix("//"))
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False  # (a directory kept out: gRPC's refusal says why)
-        return False
-
-    def _run(self) -> None:
-        delay = self._backoff[0]
-        while not self._closed and self._no_socket():  # the backoff below, before any connection was tried
-            if not self._warned:
-                log.warning("no freeride agent at %s (no socket); training goes on, reporting begins when it is there",
-                            self.target)
-                self._warned = True
-            self._stopping.wait(delay)
-            delay = min(delay * 2, self._backoff[1])
-        if self._closed:
-            return
-        # Here, on the reporter's own thread, not in the constructor, and once there is an agent to talk to: a
-        # training job's first step does not wait for gRPC and protobuf to load (~0.1 s of CPU).
-        import grpc
-
-        from freeride.core.auth import token_interceptor
-        from freeride.v1 import trainer_pb2_grpc
-
-        while not self._closed:
-            try:
-                with grpc.insecure_channel(self.target) as raw:
-                    channel = grpc.intercept_channel(raw, token_interceptor(self._token)) if self._token else raw
-                    stub = trainer_pb2_grpc.BubbleServiceStub(channel)
-                    call = stub.ReportBubbles(self._requests(self._generation))
-                    self._call = call
-                    for welcome in call:
-                        # Live once the agent answered the hello: before it, it may still refuse this rank.
-                        if welcome.hello_answered and not self._connected.is_set():
-                            self._attach(welcome)
-                            self._live = True  # edges flow on gRPC unless a ring was attached
-                            self._warned = False
-                            self.refused = ""
-                            delay = self._backoff[0]
-                            log.info("bubble reporter for rank %d connected to %s", self.rank, self.target)
-                            self._connected.set()  # after the attach: a waiter's first edge takes the ring
-                            self._road_changed()
-            except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                if code == grpc.StatusCode.ALREADY_EXISTS and not self._closed:
-                    detail = exc.details() if hasattr(exc, "details") else ""
-                    if not self._warned:
-                        log.warning("the freeride agent at %s refused rank %d (%s); training goes on without its "
-                                    "bubbles harvested; the reporter tries again in the background", self.target,
-                                    self.rank, detail)
-                        self._warned = True
-                    with self._road:
-                        self.refused = detail
-                        self.refusals += 1
-                        self._road.notify_all()
-                elif not self._closed and not self._warned and code == grpc.StatusCode.UNAUTHENTICATED:
-                    log.warning("the freeride agent at %s refused this rank's token (%s); training goes on "
-                                "without reporting: set FREERIDE_TOKEN_FILE to the agent's token", self.target,
-                                exc.details() if hasattr(exc, "details") else "")
-                    self._warned = True
-                elif not self._closed and not self._warned:
-                    denied = socket_access_problem(self.target)  # a group to join, not an agent to start
-                    if denied:
-                        log.warning("%s; training goes on without reporting bubbles (retrying in the background)",
-                                    denied)
-                    else:
-                        log.warning(
-                            "no freeride agent at %s (%s); training goes on, reporting resumes when it is back",
-                            self.target,
-                            exc.code().name if hasattr(exc, "code") else exc,
-                        )
-                    self._warned = True
-            except Exception:
-                log.exception("bubble reporter failed; retrying")
-            finally:
-                self._live = False  # first: an edge from now on is dropped and counted, not queued
-                self._detach()  # the ring died with its agent: edges wait for the next stream's ring
-                self._connected.clear()
-                self._generation += 1  # the old request generator wakes and returns
-                self._wake()
-                self._stale += self._tail - self._head  # edges of a dead stream are stale: dropped, counted
-                self._head = self._tail
-                self._call = None
-                self._road_changed()
-            if self._closed:
-                break
-            self._stopping.wait(delay)  # back off before reconnecting (background thread, not the control path)
-            delay = min(delay * 2, self._backoff[1])

@@ -23,6 +23,7 @@ from freeride.errors import TaskStop, Unavailable
 from freeride.worker.estimate import StepEstimator
 from freeride.worker.fit import FAR_BEYOND, PROBE_AFTER_WINDOWS, Decision, Estimates, Held, Verdict, judge
 from freeride.worker.offwindow import OffWindow
+from freeride.worker.pipes import KnownPipes, PlumbingError
 from freeride.worker.terms import Control, EndReason, Setup
 
 __all__ = ["FAR_BEYOND", "MIN_RETRY_S", "PROBE_AFTER_WINDOWS", "Outbox", "PlumbingError", "Shared", "StepGate",
@@ -34,11 +35,6 @@ REPORT_BATCH = 256
 PROGRESS_EVERY_S = 1.0
 MIN_RETRY_S = 0.01  # the shortest wait between two available() calls, whatever a task asks
 _CLOSES = {Verdict.REVOKED: EndReason.REVOKED, Verdict.EXPIRED: EndReason.EXPIRED, Verdict.NO_FIT: EndReason.NO_FIT}
-
-
-class PlumbingError(BaseException):
-    """A pipe the worker lives on is gone (the task closed descriptors it did not open); the message says which.
-    A BaseException, as TaskStop: a task's `except Exception` in run() must not swallow it."""
 
 
 class Outbox(Protocol):
@@ -104,7 +100,7 @@ class StepGate:
         self._saw_ns = 0  # when this worker saw the current window's grant (reported in its WindowDone)
         self._peak_bytes = 0  # this process's peak resident memory at the latest sample
         self._longest_window_ns = 0  # the longest window granted to this worker (from when it saw the grant)
-        self._pipe_ids: dict[int, tuple[int, int]] = {}  # each pipe's (device, inode) before any task code ran
+        self._known = KnownPipes()  # each pipe's (device, inode) before any task code ran
         # The task's other threads between windows (SCHED_IDLE where it can be undone) and their CPU meanwhile.
         self.off_window = OffWindow(False, lambda cpu_ns, waited_ns: None, time.monotonic_ns)
 
@@ -324,30 +320,13 @@ class StepGate:
         return [(name, fd) for name, fd in pipes if fd >= 0]
 
     def know_pipes(self) -> None:
-        """Before any task code runs: note which pipe each number is, so that one the task closed is caught even
-        when something it opened afterwards took its number."""
-        for _, fd in self._pipes(everyone=True):
-            st = os.fstat(fd)
-            self._pipe_ids[fd] = (st.st_dev, st.st_ino)
+        """Before any task code runs: note which pipe each number is (freeride.worker.pipes)."""
+        self._known.note(self._pipes(everyone=True))
 
     def check_pipes(self, everyone: bool = False) -> None:
-        """Raise PlumbingError if the task closed the window pipe (or, `everyone`, the wake-up pipe too), as
-        os.closerange(3, ...) does: said here, in the task's log, before gRPC (whose descriptors went too)
-        aborts with its own words. After every step: one fstat."""
-        for name, fd in self._pipes(everyone):
-            try:
-                st = os.fstat(fd)
-            except OSError as exc:
-                problem = exc.strerror
-            else:
-                known = self._pipe_ids.get(fd)
-                if known is None or known == (st.st_dev, st.st_ino):
-                    continue
-                problem = "its number now names another file"
-            raise PlumbingError(
-                f"the worker's {name} (fd {fd}) was closed: {problem}; the task closed file descriptors "
-                "it did not open (os.closerange, a daemonising helper): close only your own"
-            )
+        """Raise PlumbingError if the task closed the window pipe (or, `everyone`, the wake-up pipe too). After
+        every step: one fstat."""
+        self._known.check(self._pipes(everyone))
 
     def step_done(self, start_ns: int, end_ns: int) -> None:
         self.check_pipes()
