@@ -4,6 +4,10 @@ A field's `Setting` (its metadata) names its flag, its FREERIDE_* environment tw
 given in and its concern (access, workers, CPU, GPU, state), as freeride.agent.settings defines them;
 freeride.cli.settings builds the argparse groups from them and `env_defaults` reads the twins. Flags override
 the environment, the environment the defaults.
+
+Each concern is also a type of its own, built from those fields: `config.access`, `.workers`, `.cpu`, `.gpu_layer`
+(freeride.gpu.config.GpuConfig) and `.state`, frozen, each checking itself; `validate()` asks each in turn. A
+component takes its own concern (GpuControl.open the GPU layer's, the scheduler the workers'), not the whole.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import grp
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from freeride.agent.settings import ConfigError, Declared, declarations, read_env, setting
 from freeride.core.cpu import Placement, allowed_cpus, parse_cpu_list
@@ -22,12 +26,186 @@ from freeride.core.paths import default_socket
 from freeride.core.units import parse_retention
 from freeride.errors import InvalidSpecError
 
-__all__ = ["MAX_CHECK_TIMEOUT_S", "AgentConfig", "ConfigError", "declared", "env_defaults"]
+if TYPE_CHECKING:  # (imported where used: the CLI's light commands read the settings, never the GPU layer)
+    from freeride.gpu.config import GpuConfig
+
+__all__ = ["MAX_CHECK_TIMEOUT_S", "AccessConfig", "AgentConfig", "ConfigError", "CpuConfig", "StateConfig",
+           "WorkerConfig", "declared", "env_defaults"]
 
 # A submit's check may wait for a free slot (freeride.agent.engine.refcheck.QUEUE_WAIT_S), then run up to
 # --check-timeout-s, twice for a task with its own interpreter (its protocol probe, then the check): the client's
 # deadline for Submit (freeride.client.SUBMIT_TIMEOUT_S) exceeds all together.
 MAX_CHECK_TIMEOUT_S = 40.0
+
+
+def _cpu_list_error(exc: ValueError, flag: str) -> ConfigError:
+    msg = str(exc)
+    return ConfigError(msg if msg.startswith("--") else f"{flag} {msg}")
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """Who reaches the agent, and how: its socket, TCP with a token, /metrics, the trainers' road."""
+
+    socket_path: Path
+    tcp: str = ""
+    socket_mode: str = "0660"
+    socket_group: str = ""
+    allow_world_socket: bool = False
+    token_file: Path | None = None
+    metrics_port: int = 0
+    metrics_addr: str = "127.0.0.1"
+    bubble_path: str = "auto"
+
+    @property
+    def worker_target(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    def check(self) -> None:
+        if self.tcp:
+            host, sep, port = self.tcp.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"--tcp must be HOST:PORT, got {self.tcp!r}")
+            if self.token_file is None:
+                raise ConfigError(
+                    "--tcp needs --token-file PATH (env FREERIDE_TOKEN_FILE): TCP callers could submit code, "
+                    "so every TCP call must carry the token; create one with `head -c 32 /dev/urandom | base64 > PATH`"
+                )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be between 0 (off) and 65535, got {self.metrics_port}")
+        self.socket_mode_bits()
+        self.socket_gid()
+        if len(str(self.socket_path)) > 100:
+            raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")
+
+    def socket_mode_bits(self) -> int:
+        """--socket-mode as permission bits; owner read/write is always kept (the agent's workers use it)."""
+        try:
+            mode = int(self.socket_mode, 8)
+        except ValueError:
+            mode = -1
+        if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+            raise ConfigError(
+                "--socket-mode must be octal permissions that keep owner rw, like 0660 or 0600; "
+                f"got {self.socket_mode!r}"
+            )
+        if mode & 0o007 and not self.allow_world_socket:
+            raise ConfigError(
+                f"--socket-mode {self.socket_mode} lets every local user use the socket: list and cancel every task, "
+                "and submit code that runs as the agent's user; use 0660 with --socket-group for the users who may, "
+                "or pass --allow-world-socket (env FREERIDE_ALLOW_WORLD_SOCKET=1) if every local user is trusted"
+            )
+        return mode
+
+    def socket_gid(self) -> int | None:
+        """--socket-group as a gid (None: leave the agent's own group)."""
+        if not self.socket_group:
+            return None
+        try:
+            return grp.getgrnam(self.socket_group).gr_gid
+        except KeyError:
+            pass
+        if self.socket_group.isdigit():
+            return int(self.socket_group)
+        raise ConfigError(
+            f"--socket-group {self.socket_group!r} is not a group on this host; create it or pick another"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The side-task workers: how many, their restarts, checkpoints, timeouts and containment."""
+
+    margin_ms: float = 0.2
+    max_workers: int = 8
+    max_restarts: int = 3
+    restart_backoff_s: float = 1.0
+    checkpoint_interval_s: float = 60.0
+    hang_timeout_s: float = 5.0
+    shutdown_grace_s: float = 10.0
+    checkpoint_timeout_s: float = 300.0
+    check_timeout_s: float = 20.0
+    memory_check_s: float = 0.25
+    cgroups: str = "auto"
+
+    def check(self) -> None:
+        if self.margin_ms < 0:
+            raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.max_workers < 1:
+            raise ConfigError(f"--max-workers must be >= 1, got {self.max_workers}")
+        if not 0 < self.check_timeout_s <= MAX_CHECK_TIMEOUT_S:
+            raise ConfigError(f"--check-timeout-s must be > 0 and at most {MAX_CHECK_TIMEOUT_S:g} (so that a submit "
+                              f"is answered within the client's deadline), got {self.check_timeout_s}")
+        if self.memory_check_s <= 0:
+            raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
+        if self.checkpoint_timeout_s <= 0:
+            raise ConfigError(f"--checkpoint-timeout-s must be > 0, got {self.checkpoint_timeout_s}")
+        for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """Where the workers and the agent itself run on the host's CPUs (freeride.core.cpu)."""
+
+    worker_nice: int = 19
+    worker_cpus: str = ""
+    worker_sched: str = "other"
+    agent_cpus: str = ""
+
+    def check(self) -> None:
+        self.worker_placement()
+        self.agent_cpu_set()
+
+    def worker_placement(self) -> Placement:
+        """--worker-nice/--worker-cpus/--worker-sched, checked against what this host allows."""
+        try:
+            cpus = parse_cpu_list(self.worker_cpus) if self.worker_cpus.strip() else None
+            return Placement(self.worker_nice, cpus, self.worker_sched).check()
+        except ValueError as exc:
+            raise _cpu_list_error(exc, "--worker-cpus") from None
+
+    def agent_cpu_set(self) -> frozenset[int] | None:
+        """--agent-cpus, checked against the CPUs the agent may use; None: leave the agent where it is."""
+        if not self.agent_cpus.strip():
+            return None
+        try:
+            return allowed_cpus(parse_cpu_list(self.agent_cpus), "--agent-cpus")
+        except ValueError as exc:
+            raise _cpu_list_error(exc, "--agent-cpus") from None
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """What the agent keeps on disk: its state directory, how long finished tasks stay, the task logs' bounds."""
+
+    state_dir: Path = Path("freeride-state")
+    retention: str = "forever"
+    disk_warn_percent: int = 90
+    log_format: str = "text"
+    log_max_bytes: int = 16 << 20
+    log_total_bytes: int = 1 << 30
+
+    @property
+    def retention_s(self) -> float | None:
+        """--retention in seconds; None: keep finished tasks forever."""
+        try:
+            return parse_retention(self.retention)
+        except InvalidSpecError as exc:
+            raise ConfigError(f"--retention: {exc}") from None
+
+    def check(self) -> None:
+        if self.log_max_bytes < 4096:
+            raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
+        if self.log_total_bytes < 2 * self.log_max_bytes:
+            raise ConfigError(f"--log-total-bytes must be at least twice --log-max-bytes ({2 * self.log_max_bytes} "
+                              f"bytes: one task's log and its rotated part), got {self.log_total_bytes}")
+        if not 1 <= self.disk_warn_percent <= 100:
+            raise ConfigError(f"--disk-warn-percent must be 1..100, got {self.disk_warn_percent}")
+        self.retention_s  # noqa: B018 - parsed to check it
 
 
 @dataclass(frozen=True)
@@ -166,6 +344,35 @@ class AgentConfig:
         1 << 30, "state", "all tasks' logs together stay under this; past it the least recently written files go "
                           "first (default {default}, at least 2x --log-max-bytes)", metavar="SIZE")
 
+    # -- each concern as its own type ---------------------------------------------------------------
+    @cached_property
+    def access(self) -> AccessConfig:
+        return AccessConfig(self.socket_path, self.tcp, self.socket_mode, self.socket_group, self.allow_world_socket,
+                            self.token_file, self.metrics_port, self.metrics_addr, self.bubble_path)
+
+    @cached_property
+    def workers(self) -> WorkerConfig:
+        return WorkerConfig(self.margin_ms, self.max_workers, self.max_restarts, self.restart_backoff_s,
+                            self.checkpoint_interval_s, self.hang_timeout_s, self.shutdown_grace_s,
+                            self.checkpoint_timeout_s, self.check_timeout_s, self.memory_check_s, self.cgroups)
+
+    @cached_property
+    def cpu(self) -> CpuConfig:
+        return CpuConfig(self.worker_nice, self.worker_cpus, self.worker_sched, self.agent_cpus)
+
+    @cached_property
+    def gpu_layer(self) -> GpuConfig:
+        from freeride.gpu.config import GpuConfig
+
+        return GpuConfig(self.gpu, self.fake_gpu, self.headroom_bytes, self.memory_cap_restarts, self.mps,
+                         self.mps_control, self.mps_pipe_path if self.mps != "off" else None, self.mps_log_path,
+                         self.mps_thread_percentage, self.green_sms)
+
+    @cached_property
+    def state(self) -> StateConfig:
+        return StateConfig(self.state_dir, self.retention, self.disk_warn_percent, self.log_format,
+                           self.log_max_bytes, self.log_total_bytes)
+
     @property
     def socket_path(self) -> Path:
         return self.socket if self.socket is not None else default_socket(self.gpu)
@@ -186,132 +393,40 @@ class AgentConfig:
             return Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps")
         return self.mps_pipe_path.parent / "log"
 
+    # (the concerns' own answers, for the callers that hold the whole configuration)
     def worker_placement(self) -> Placement:
-        """--worker-nice/--worker-cpus/--worker-sched, checked against what this host allows."""
-        try:
-            cpus = parse_cpu_list(self.worker_cpus) if self.worker_cpus.strip() else None
-            return Placement(self.worker_nice, cpus, self.worker_sched).check()
-        except ValueError as exc:
-            msg = str(exc)
-            raise ConfigError(msg if msg.startswith("--") else f"--worker-cpus {msg}") from None
+        return self.cpu.worker_placement()
 
     def agent_cpu_set(self) -> frozenset[int] | None:
-        """--agent-cpus, checked against the CPUs the agent may use; None: leave the agent where it is."""
-        if not self.agent_cpus.strip():
-            return None
-        try:
-            return allowed_cpus(parse_cpu_list(self.agent_cpus), "--agent-cpus")
-        except ValueError as exc:
-            msg = str(exc)
-            raise ConfigError(msg if msg.startswith("--") else f"--agent-cpus {msg}") from None
+        return self.cpu.agent_cpu_set()
 
     @property
     def retention_s(self) -> float | None:
-        """--retention in seconds; None: keep finished tasks forever."""
-        try:
-            return parse_retention(self.retention)
-        except InvalidSpecError as exc:
-            raise ConfigError(f"--retention: {exc}") from None
+        return self.state.retention_s
 
     @property
     def worker_target(self) -> str:
-        return f"unix:{self.socket_path}"
+        return self.access.worker_target
+
+    def socket_mode_bits(self) -> int:
+        return self.access.socket_mode_bits()
+
+    def socket_gid(self) -> int | None:
+        return self.access.socket_gid()
 
     def validate(self) -> AgentConfig:
+        """Each setting against its choices, then each concern checks itself (the first problem is raised)."""
         for d in declared():
             if d.choices and getattr(self, d.name) not in d.choices:
                 *first, last = d.choices
                 raise ConfigError(f"{d.flag} must be {', '.join(first)} or {last}, got {getattr(self, d.name)!r}")
-        if self.gpu < 0:
-            raise ConfigError(f"--gpu must be >= 0, got {self.gpu}")
-        if self.margin_ms < 0:
-            raise ConfigError(f"--margin-ms must be >= 0, got {self.margin_ms}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.max_workers < 1:
-            raise ConfigError(f"--max-workers must be >= 1, got {self.max_workers}")
-        if not 0 < self.check_timeout_s <= MAX_CHECK_TIMEOUT_S:
-            raise ConfigError(f"--check-timeout-s must be > 0 and at most {MAX_CHECK_TIMEOUT_S:g} (so that a submit "
-                              f"is answered within the client's deadline), got {self.check_timeout_s}")
-        if self.memory_check_s <= 0:
-            raise ConfigError(f"--memory-check-s must be > 0, got {self.memory_check_s}")
-        if self.log_max_bytes < 4096:
-            raise ConfigError(f"--log-max-bytes must be at least 4KiB (a traceback must fit), got {self.log_max_bytes}")
-        if self.log_total_bytes < 2 * self.log_max_bytes:
-            raise ConfigError(f"--log-total-bytes must be at least twice --log-max-bytes ({2 * self.log_max_bytes} "
-                              f"bytes: one task's log and its rotated part), got {self.log_total_bytes}")
-        if not 1 <= self.disk_warn_percent <= 100:
-            raise ConfigError(f"--disk-warn-percent must be 1..100, got {self.disk_warn_percent}")
-        if self.checkpoint_timeout_s <= 0:
-            raise ConfigError(f"--checkpoint-timeout-s must be > 0, got {self.checkpoint_timeout_s}")
-        for name in ("restart_backoff_s", "checkpoint_interval_s", "hang_timeout_s", "shutdown_grace_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.mps_thread_percentage <= 100:
-            raise ConfigError(f"--mps-thread-percentage must be 0 (unset) .. 100, got {self.mps_thread_percentage}")
-        if self.green_sms < 0:
-            raise ConfigError(f"--green-sms must be >= 0 (0: off), got {self.green_sms}")
-        if self.headroom_bytes < 0:
-            raise ConfigError(f"--headroom must be >= 0, got {self.headroom_bytes} bytes")
-        if self.memory_cap_restarts < 0:
-            raise ConfigError(f"--memory-cap-restarts must be >= 0, got {self.memory_cap_restarts}")
-        if not self.mps_control.strip():
-            raise ConfigError("--mps-control is empty: give the MPS control program (nvidia-cuda-mps-control)")
-        if self.mps != "off" and len(str(self.mps_pipe_path / "control")) > 100:
-            raise ConfigError(f"MPS pipe dir {self.mps_pipe_path} is too long for its control socket; "
-                              "pick a shorter --mps-pipe-dir")
-        if self.tcp:
-            host, sep, port = self.tcp.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ConfigError(f"--tcp must be HOST:PORT, got {self.tcp!r}")
-            if self.token_file is None:
-                raise ConfigError(
-                    "--tcp needs --token-file PATH (env FREERIDE_TOKEN_FILE): TCP callers could submit code, "
-                    "so every TCP call must carry the token; create one with `head -c 32 /dev/urandom | base64 > PATH`"
-                )
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"--metrics-port must be between 0 (off) and 65535, got {self.metrics_port}")
-        self.socket_mode_bits()
-        self.socket_gid()
-        self.retention_s  # noqa: B018 - parsed to check it
-        self.worker_placement()
-        self.agent_cpu_set()
-        if len(str(self.socket_path)) > 100:
-            raise ConfigError(f"socket path {self.socket_path} is too long for a unix socket; pick a shorter --socket")
+        if problems := self.gpu_layer.problems():
+            raise ConfigError(problems[0])
+        self.workers.check()
+        self.state.check()
+        self.access.check()
+        self.cpu.check()
         return self
-
-    def socket_mode_bits(self) -> int:
-        """--socket-mode as permission bits; owner read/write is always kept (the agent's workers use it)."""
-        try:
-            mode = int(self.socket_mode, 8)
-        except ValueError:
-            mode = -1
-        if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
-            raise ConfigError(
-                "--socket-mode must be octal permissions that keep owner rw, like 0660 or 0600; "
-                f"got {self.socket_mode!r}"
-            )
-        if mode & 0o007 and not self.allow_world_socket:
-            raise ConfigError(
-                f"--socket-mode {self.socket_mode} lets every local user use the socket: list and cancel every task, "
-                "and submit code that runs as the agent's user; use 0660 with --socket-group for the users who may, "
-                "or pass --allow-world-socket (env FREERIDE_ALLOW_WORLD_SOCKET=1) if every local user is trusted"
-            )
-        return mode
-
-    def socket_gid(self) -> int | None:
-        """--socket-group as a gid (None: leave the agent's own group)."""
-        if not self.socket_group:
-            return None
-        try:
-            return grp.getgrnam(self.socket_group).gr_gid
-        except KeyError:
-            pass
-        if self.socket_group.isdigit():
-            return int(self.socket_group)
-        raise ConfigError(
-            f"--socket-group {self.socket_group!r} is not a group on this host; create it or pick another"
-        )
 
 
 @cache

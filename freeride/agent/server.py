@@ -182,13 +182,7 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         registry = Registry(config.state_dir / "freeride.db")
         stack.callback(registry.close)
         log_failures(config)
-        gpu = await loop.run_in_executor(
-            None, lambda: GpuControl.open(
-                config.gpu, config.fake_gpu, config.mps, config.mps_control,
-                config.mps_pipe_path if config.mps != "off" else None, config.mps_log_path,
-                config.mps_thread_percentage, config.green_sms,
-            )
-        )
+        gpu = await loop.run_in_executor(None, GpuControl.open, config.gpu_layer)
         stack.callback(gpu.close)  # MPS `quit` if this agent started the daemon
         placement = config.worker_placement()
         agent_cpus = config.agent_cpu_set()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from freeride.gpu.config import GpuConfig
 from freeride.gpu.device import Device, GpuError, NoGpuError
 from freeride.gpu.mps import Mps, MpsControl, MpsState, worker_env
 from freeride.gpu.open import open_device
@@ -56,20 +57,19 @@ class GpuControl:
         self.probe: MemoryProbe = DeviceProbe(device) if device is not None else HostProbe()
 
     @classmethod
-    def open(cls, gpu: int, fake_spec: str = "", mps_mode: str = "off", mps_program: str = "",
-             pipe_dir: Path | None = None, log_dir: Path | None = None, thread_percentage: int = 0,
-             green_sms: int = 0) -> GpuControl:
+    def open(cls, config: GpuConfig) -> GpuControl:
         """Find the device; start or attach MPS. NoGpuError is logged once here and means CPU mode."""
+        gpu, mps_mode, pipe_dir, log_dir = config.gpu, config.mps, config.pipe_dir, config.log_dir
         device: Device | None
         try:
-            device = open_device(gpu, fake_spec)
+            device = open_device(gpu, config.fake_spec)
         except NoGpuError as exc:
             log.warning("no GPU: %s; running in CPU mode, memory caps apply to the host memory a task holds "
                         "(install the NVIDIA driver, or try the GPU layer with --fake-gpu)", exc)
             device = None
         mps = None
         if device is not None and mps_mode != "off" and pipe_dir is not None and log_dir is not None:
-            mps = Mps(mps_mode, MpsControl(mps_program, pipe_dir, log_dir, visible_devices=device.info.uuid))
+            mps = Mps(mps_mode, MpsControl(config.mps_program, pipe_dir, log_dir, visible_devices=device.info.uuid))
             try:
                 mps.open()
             except GpuError:
@@ -82,8 +82,8 @@ class GpuControl:
             log.info("GPU %d: %s (%s), %.1f GiB, compute mode %s, MPS %s", i.index, i.name, i.uuid,
                      i.total_bytes / 2**30, device.compute_mode(), mps.state().label if mps else "off")
         no_mps = (pipe_dir.parent if pipe_dir is not None else Path("/nonexistent")) / "no-mps"
-        return cls(device, mps, gpu=gpu, thread_percentage=thread_percentage, no_mps_pipe_dir=no_mps,
-                   green_sms=green_sms)
+        return cls(device, mps, gpu=gpu, thread_percentage=config.thread_percentage, no_mps_pipe_dir=no_mps,
+                   green_sms=config.green_sms)
 
     def count_groups(self, group_of: Callable[[int], Path | None]) -> None:
         """CPU mode: measure a worker by its own cgroup's memory.current where `group_of(pid)` names one

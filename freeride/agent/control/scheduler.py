@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from freeride.agent.config import WorkerConfig
 from freeride.agent.control.accounting import account
 from freeride.agent.control.bubbles import Bubbles
 from freeride.agent.control.history import HISTORY_BUBBLES, HISTORY_MAX_STEPS, HISTORY_WINDOWS, history
@@ -42,6 +43,11 @@ class SchedulerConfig:
     hang_timeout_ns: int = 5_000_000_000
     hang_factor: float = 20.0
     fair_share_half_life_ns: int = 30_000_000_000  # harvest this old counts half in the fair share
+
+    @classmethod
+    def of(cls, workers: WorkerConfig) -> SchedulerConfig:
+        """The scheduler's settings from the workers' concern (--margin-ms, --hang-timeout-s)."""
+        return cls(margin_ns=int(workers.margin_ms * 1e6), hang_timeout_ns=int(workers.hang_timeout_s * 1e9))
 
 
 class Scheduler:

@@ -109,7 +109,7 @@ class Agent:
         self.task_logs = logs  # the workers' output (None: the Logs call is refused)
         self.clock = clock  # CLOCK_MONOTONIC in ns: the clock trainers stamp bubble edges with
         gpu = gpu if gpu is not None else cpu_only()
-        self.memory = MemoryGuard(gpu, memory if memory is not None else gpu.probe, config.headroom_bytes)
+        self.memory = MemoryGuard(gpu, memory if memory is not None else gpu.probe, config.gpu_layer.headroom_bytes)
         self._loop = asyncio.get_running_loop()
         self.events = Hub()
         self.table = TaskTable(self._changed)
@@ -119,10 +119,7 @@ class Agent:
         self.scheduler = Scheduler(
             clock,
             self._call_at,
-            SchedulerConfig(
-                margin_ns=int(config.margin_ms * 1e6),
-                hang_timeout_ns=int(config.hang_timeout_s * 1e9),
-            ),
+            SchedulerConfig.of(config.workers),
             on_account=self._on_account,
             on_hang=later.hang,
             on_fit=later.fit,
@@ -133,9 +130,9 @@ class Agent:
                                  self.supervisor.admit_waiting, self._loop.call_soon)
         later.supervisor, later.trainers = self.supervisor, self.trainers
         # the submits' reference checks, at the workers' placement, killed at shutdown
-        self.checks = RefChecks(config.check_timeout_s, placement_env=check_env)
-        self.retention = Retention(self.table, self.store, config.state_dir, config.retention_s, self._loop.call_later,
-                                   on_freed=self.supervisor.disk_freed)
+        self.checks = RefChecks(config.workers.check_timeout_s, placement_env=check_env)
+        self.retention = Retention(self.table, self.store, config.state_dir, config.state.retention_s,
+                                   self._loop.call_later, on_freed=self.supervisor.disk_freed)
         self._loaded = False  # the state was read: from then on, the final write must happen
         self._exit_code: int | None = None
 
