@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from freeride.client import AgentClient
 from freeride.core.stats import percentile
@@ -123,6 +124,47 @@ def wait_for(
         timer.cancel()
         events.cancel()
     return None
+
+
+def wait_for_any(
+    clients: Sequence[AgentClient], now: Callable[[], T | None],
+    on_event: Callable[[tasks_pb2.AgentEvent], T | None], timeout_s: float = 30.0,
+) -> T | None:
+    """`wait_for` over several agents' event streams at once: `now()` once every stream is subscribed, then
+    `on_event` for each event of any of them, as it comes (a reader thread per stream hands them over)."""
+    streams = [c.watch() for c in clients]
+    arrived: queue.SimpleQueue[tasks_pb2.AgentEvent | None] = queue.SimpleQueue()
+
+    def read(events: Any) -> None:
+        for ev in events:
+            arrived.put(ev)
+        arrived.put(None)  # this stream ended (cancelled, or its agent gone)
+
+    readers = [threading.Thread(target=read, args=(events,), daemon=True) for events in streams]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    open_streams = len(streams)
+    try:
+        found = now()
+        while found is None and open_streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                ev = arrived.get(timeout=left)
+            except queue.Empty:
+                break
+            if ev is None:
+                open_streams -= 1
+                continue
+            found = on_event(ev)
+        return found
+    finally:
+        for events in streams:
+            events.cancel()
+        for t in readers:
+            t.join(5)
 
 
 def wait_for_info(

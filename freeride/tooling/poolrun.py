@@ -20,7 +20,7 @@ from freeride.pool.driver import redis_py
 from freeride.tooling.harness import (
     AgentProcess,
     replay,
-    wait_for,
+    wait_for_any,
     wait_for_info,
     wait_for_task,
     wait_for_trainers,
@@ -199,17 +199,23 @@ class PoolRun:
             return wait_for_info(c, self.task_ids[k], ok, timeout_s)
 
     def wait_pool(self, ok: Callable[[PoolStatus], bool], timeout_s: float, watch: int | None = None) -> PoolStatus:
-        """Block until the pool's status satisfies `ok`, asked again at each window agent `watch` accounts
-        (the first agent alive by default): items move only in windows."""
-        k = min(self.alive) if watch is None else watch
+        """Block until the pool's status satisfies `ok`, asked again at each window or task change any agent alive
+        accounts (only agent `watch`'s, if given): items move only in windows, and the agents other than the first
+        may take every item while the first waits for one."""
+        ks = sorted(self.alive) if watch is None else [watch]
 
         def check() -> PoolStatus | None:
             status = self.pool.status(dead_shown=0)
             return status if ok(status) else None
 
-        with self.client(k) as c:
-            found = wait_for(c, check, lambda ev: check() if ev.HasField("window") or ev.HasField("task") else None,
-                             timeout_s)
+        clients = [self.client(k) for k in ks]
+        try:
+            found = wait_for_any(clients, check,
+                                 lambda ev: check() if ev.HasField("window") or ev.HasField("task") else None,
+                                 timeout_s)
+        finally:
+            for c in clients:
+                c.close()
         if found is None:
             s = self.pool.status(dead_shown=0)
             raise TimeoutError(f"the pool did not get there in {timeout_s}s: total {s.total}, done {s.done}, failed "
