@@ -1,4 +1,6 @@
-"""The `freeride` command line, run as a real subprocess against a real agent.
+"""The `freeride` command line against a real agent: in-process (`cli`: `freeride.main.main`, with the caller's
+cwd and environment as a subprocess would have them, and its output captured), and as a real subprocess
+(`freeride`) where the process is the point: the `agent` command's refusals, the entry point itself.
 
 Bad input never shows a traceback: it exits with code 2 and one line on stderr that says what is
 wrong and what to do. Good input reaches the agent, and every command can print a table or JSON.
@@ -12,7 +14,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,46 @@ def freeride(*args: object, cwd: Path = REPO, env: dict[str, str] | None = None,
         [sys.executable, "-m", "freeride", *map(str, args)],
         cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
     )
+
+
+class InProcess:
+    """`freeride ARGS` in this process: the same answer as the subprocess (exit code, stdout, stderr), without a
+    new interpreter per call (about half a second each on a loaded 2-core runner)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        self._capsys = capsys
+        self._monkeypatch = monkeypatch
+
+    def __call__(self, *args: object, cwd: Path = REPO, env: dict[str, str] | None = None,
+                 timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        from freeride.main import main
+
+        argv = [str(a) for a in args]
+        with self._monkeypatch.context() as m:
+            for key in [k for k in os.environ if k not in (env or _env())]:
+                m.delenv(key)
+            for key, value in (env or _env()).items():
+                m.setenv(key, value)
+            m.chdir(cwd)
+            self._capsys.readouterr()  # what came before is not this call's
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            out, err = self._capsys.readouterr()
+        return subprocess.CompletedProcess(["freeride", *argv], code or 0, out, err)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> InProcess:
+    return InProcess(capsys, monkeypatch)
+
+
+def test_the_entry_point_is_the_same_command_in_a_subprocess(shared_agent, cli):
+    """The console entry point itself, once: the in-process calls below stand for it."""
+    for argv in (["ls", "--json"], ["show", "nope"]):
+        real, here = freeride(*argv, "--agent", shared_agent.socket), cli(*argv, "--agent", shared_agent.socket)
+        assert (real.returncode, real.stdout, real.stderr) == (here.returncode, here.stdout, here.stderr)
 
 
 def assert_usage_error(res: subprocess.CompletedProcess[str]) -> str:
@@ -100,15 +141,14 @@ def shared_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProc
 
 
 @pytest.mark.parametrize(("argv", "words"), [pytest.param(a, w, id=i) for i, a, w in BAD_INPUTS])
-def test_bad_input_exits_2_with_one_line_that_names_the_problem(shared_agent, argv, words):
-    line = assert_usage_error(freeride(*argv, "--agent", shared_agent.socket))
+def test_bad_input_exits_2_with_one_line_that_names_the_problem(shared_agent, argv, words, cli):
+    line = assert_usage_error(cli(*argv, "--agent", shared_agent.socket))
     for word in words:
         assert word in line
 
 
-def test_bad_inputs_leave_the_agent_serving_and_create_no_task(agent, client):
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda a: freeride(*a[1], "--agent", agent.socket), BAD_INPUTS))
+def test_bad_inputs_leave_the_agent_serving_and_create_no_task(agent, client, cli):
+    results = [cli(*argv, "--agent", agent.socket) for _, argv, _ in BAD_INPUTS]
     for (name, _, _), res in zip(BAD_INPUTS, results, strict=True):
         assert res.returncode == 2, f"{name}: {res.stderr}"
     assert client.health() == 1  # SERVING
@@ -116,23 +156,23 @@ def test_bad_inputs_leave_the_agent_serving_and_create_no_task(agent, client):
     assert client.stats().gpu.bubbles == 0
 
 
-def test_no_agent_running_says_how_to_start_one(tmp_path):
+def test_no_agent_running_says_how_to_start_one(tmp_path, cli):
     missing = tmp_path / "nowhere" / "none.sock"
-    line = assert_usage_error(freeride("ls", "--agent", missing))
+    line = assert_usage_error(cli("ls", "--agent", missing))
     assert str(missing) in line
     assert "freeride agent" in line
 
 
-def test_resuming_a_task_that_is_not_paused_is_refused_and_leaves_it_running(agent, client):
+def test_resuming_a_task_that_is_not_paused_is_refused_and_leaves_it_running(agent, client, cli):
     task = wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
-    line = assert_usage_error(freeride("resume", task.id, "--agent", agent.socket))
+    line = assert_usage_error(cli("resume", task.id, "--agent", agent.socket))
     assert f"task {task.id} is READY; only a PAUSED task can be resumed" in line
     after = client.get(task.id)
     assert after.state == READY and after.restarts == 0 and after.pid == task.pid
 
 
-def test_submit_resolves_a_file_ref_against_the_cwd_and_prints_the_id(agent, client):
-    res = freeride("submit", "behaviours.py:Counter", "step_ms=1", "--agent", agent.socket, cwd=TASKS.parent)
+def test_submit_resolves_a_file_ref_against_the_cwd_and_prints_the_id(agent, client, cli):
+    res = cli("submit", "behaviours.py:Counter", "step_ms=1", "--agent", agent.socket, cwd=TASKS.parent)
     assert res.returncode == 0, res.stderr
     m = re.fullmatch(r"submitted task (\S+) \((\S+)\): (\w+)\n", res.stdout)
     assert m, res.stdout
@@ -144,8 +184,8 @@ def test_submit_resolves_a_file_ref_against_the_cwd_and_prints_the_id(agent, cli
     assert [t.id for t in client.list()] == [info.id]
 
 
-def test_json_outputs_parse_and_describe_the_task(agent, client):
-    res = freeride("submit", f"{REL_TASKS}:Counter", "step_ms=1", "--name", "json-task", "--priority", "7",
+def test_json_outputs_parse_and_describe_the_task(agent, client, cli):
+    res = cli("submit", f"{REL_TASKS}:Counter", "step_ms=1", "--name", "json-task", "--priority", "7",
                    "--mem", "1.5GiB", "--json", "--agent", agent.socket)
     assert res.returncode == 0, res.stderr
     [answer] = json.loads(res.stdout)  # a list of one: the same shape as for several agents
@@ -156,30 +196,30 @@ def test_json_outputs_parse_and_describe_the_task(agent, client):
     assert submitted["spec"]["priority"] == 7 and submitted["spec"]["mem_limit_bytes"] == 3 * 2**29
     wait_for_task(client, task_id, [READY])
 
-    listed = json.loads(freeride("ls", "--json", "--agent", agent.socket).stdout)
+    listed = json.loads(cli("ls", "--json", "--agent", agent.socket).stdout)
     assert [(t["id"], t["spec"]["name"], t["state"]) for t in listed] == [(task_id, "json-task", "TASK_STATE_READY")]
-    ready_only = json.loads(freeride("ls", "--state", "ready", "--json", "--agent", agent.socket).stdout)
+    ready_only = json.loads(cli("ls", "--state", "ready", "--json", "--agent", agent.socket).stdout)
     assert [t["id"] for t in ready_only] == [task_id]
-    paused_only = json.loads(freeride("ls", "--state", "PAUSED", "--json", "--agent", agent.socket).stdout)
+    paused_only = json.loads(cli("ls", "--state", "PAUSED", "--json", "--agent", agent.socket).stdout)
     assert paused_only == []
 
-    shown = json.loads(freeride("show", task_id, "--json", "--agent", agent.socket).stdout)
+    shown = json.loads(cli("show", task_id, "--json", "--agent", agent.socket).stdout)
     assert shown["id"] == task_id and shown["spec"]["ref"] == f"{TASKS}:Counter" and shown["kind"]
 
-    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
+    [stats] = json.loads(cli("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     assert stats["gpu"]["efficiency"] == 0.0  # no bubbles yet: nothing to divide by
     assert [t["id"] for t in stats["tasks"]] == [task_id]
     assert stats["tasks"][0]["counters"]["efficiency"] == 0.0
 
 
-def test_table_outputs_show_the_task(agent, client):
+def test_table_outputs_show_the_task(agent, client, cli):
     task = wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
     for argv in (["ls"], ["show", task.id], ["stats"]):
-        res = freeride(*argv, "--agent", agent.socket)
+        res = cli(*argv, "--agent", agent.socket)
         assert res.returncode == 0, f"{argv}: {res.stderr}"
         assert res.stderr == ""
         assert task.id in res.stdout and "Counter" in res.stdout, res.stdout
-    shown = freeride("show", task.id, "--agent", agent.socket).stdout
+    shown = cli("show", task.id, "--agent", agent.socket).stdout
     assert f"{TASKS}:Counter" in shown and "step_ms=1" in shown and "READY" in shown
 
 
@@ -196,10 +236,10 @@ def two_ranks(agent: AgentProcess) -> Iterator[tuple[BubbleReporter, BubbleRepor
         grpc.close()
 
 
-def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two_ranks):
+def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two_ranks, cli):
     assert [r.path for r in two_ranks] == ["shm", "grpc"]
     wait_for_trainers(client, 2)
-    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
+    [stats] = json.loads(cli("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     assert stats["gpu"]["trainers"] == 2
     streams = sorted(stats["gpu"]["trainer_streams"], key=lambda t: t["rank"])
     assert [(t["rank"], t["stage"], t["path"]) for t in streams] == [(0, 0, "shm"), (1, 1, "grpc")]
@@ -207,7 +247,7 @@ def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two
         assert t["peer"].startswith("unix:") and t["pid"] == os.getpid(), t  # the hello's pid names the trainer
         assert all(type(t[n]) is int for n in ("edges", "rejected", "dropped", "pid")), t  # numbers, not strings
 
-    table = freeride("stats", "--agent", agent.socket)
+    table = cli("stats", "--agent", agent.socket)
     assert table.returncode == 0 and table.stderr == "", table.stderr
     assert "┃ rank " in table.stdout, table.stdout  # the trainers table
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.stdout.splitlines()]
@@ -221,20 +261,20 @@ def test_stats_shows_each_trainer_and_the_road_its_edges_take(agent, client, two
     assert f"trainer rank 0 (pid {pid}) connected" in log_text and f"trainer rank 1 (pid {pid}) connected" in log_text
     assert "(unix:)" not in log_text, log_text
 
-    top = freeride("top", "--once", "--agent", agent.socket)
+    top = cli("top", "--once", "--agent", agent.socket)
     assert top.returncode == 0, top.stderr
     assert "2 (1 shm, 1 grpc)" in top.stdout, top.stdout
 
 
-def test_stats_leaves_the_trainers_table_out_when_no_trainer_is_connected(agent):
-    res = freeride("stats", "--agent", agent.socket)
+def test_stats_leaves_the_trainers_table_out_when_no_trainer_is_connected(agent, cli):
+    res = cli("stats", "--agent", agent.socket)
     assert res.returncode == 0, res.stderr
     assert "0 trainer stream(s)" in res.stdout and "┃ rank " not in res.stdout, res.stdout  # no trainers table
-    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
+    [stats] = json.loads(cli("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     assert stats["gpu"]["trainer_streams"] == []
 
 
-def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tmp_path):
+def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tmp_path, cli):
     with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--bubble-path", "grpc"]) as proc:
         reporter = BubbleReporter(proc.target)  # the default road: the agent decides
         try:
@@ -242,31 +282,31 @@ def test_an_agent_started_with_bubble_path_grpc_keeps_a_local_trainer_on_grpc(tm
             assert reporter.path == "grpc"
             with proc.client() as client:
                 wait_for_trainers(client, 1)
-            [stats] = json.loads(freeride("stats", "--json", "--agent", proc.socket).stdout)["agents"]
+            [stats] = json.loads(cli("stats", "--json", "--agent", proc.socket).stdout)["agents"]
             assert [t["path"] for t in stats["gpu"]["trainer_streams"]] == ["grpc"]
             assert not list(proc.socket.parent.glob("ring-*")), "a ring for an agent that keeps edges on gRPC"
         finally:
             reporter.close()
 
 
-def test_pause_resume_cancel_walk_a_task_through_its_states(agent, client):
+def test_pause_resume_cancel_walk_a_task_through_its_states(agent, client, cli):
     task = wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
     target = ["--agent", agent.socket]
 
-    res = freeride("pause", task.id, *target)
+    res = cli("pause", task.id, *target)
     assert res.returncode == 0 and res.stdout == f"task {task.id} (Counter): PAUSED\n", res
     assert wait_for_task(client, task.id, [PAUSED]).reason == "paused by user"
 
-    res = freeride("resume", task.id, *target)
+    res = cli("resume", task.id, *target)
     assert res.returncode == 0 and "task " + task.id in res.stdout, res
     wait_for_task(client, task.id, [STARTING, READY])
     resumed = wait_for_task(client, task.id, [READY])
     assert resumed.pid != task.pid  # a fresh worker, started from the checkpoint
 
-    res = freeride("cancel", task.id, *target)
+    res = cli("cancel", task.id, *target)
     assert res.returncode == 0 and res.stdout == f"task {task.id} (Counter): CANCELLED\n", res
     assert wait_for_task(client, task.id, [CANCELLED]).reason == "cancelled by user"
-    line = assert_usage_error(freeride("cancel", task.id, *target))  # a terminal task cannot be cancelled again
+    line = assert_usage_error(cli("cancel", task.id, *target))  # a terminal task cannot be cancelled again
     assert "already CANCELLED" in line
 
 
@@ -317,17 +357,17 @@ def test_a_second_agent_on_the_same_state_dir_is_refused(agent, client, tmp_path
     assert client.health() == 1  # the first agent is untouched
 
 
-def test_show_hides_a_password_in_the_task_arguments(agent, client):
+def test_show_hides_a_password_in_the_task_arguments(agent, client, cli):
     """A pool URL carries its Redis password: `show` prints it masked (and the reference check got it on
     stdin, never on a command line other users can read)."""
     url = "redis://:s3cret@redis-host:6379/0/thumbs"
     task = wait_for_task(client, client.submit(spec("CrashOnce", marker=url)).id, [READY])
-    shown = freeride("show", task.id, "--agent", agent.socket)
+    shown = cli("show", task.id, "--agent", agent.socket)
     assert shown.returncode == 0, shown.stderr
     assert "s3cret" not in shown.stdout and "marker=redis://:***@redis-host:6379/0/thumbs" in shown.stdout
 
 
-def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slowdown(agent, client):
+def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slowdown(agent, client, cli):
     """GPU-hours per task, per GPU and in total; the value at a price; the net only where a slowdown is declared."""
     wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
     with WindowCollector(client) as windows:
@@ -336,7 +376,7 @@ def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slo
     g = client.stats().gpu
     assert g.harvested_s > 0 and g.training_s > 0
 
-    out = json.loads(freeride("stats", "--json", "--agent", agent.socket, "--gpu-hour-price", "3",
+    out = json.loads(cli("stats", "--json", "--agent", agent.socket, "--gpu-hour-price", "3",
                               "--training-slowdown", "1%").stdout)
     worth = out["agents"][0]["gpu"]["worth"]
     lost_h = g.training_s / 3600 * 0.01 / 1.01
@@ -353,16 +393,16 @@ def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slo
     assert counters["value"] == pytest.approx(counters["harvested_s"] / 3600 * 3)
 
     # No slowdown declared (the price from its environment twin): the net value is unknown, and said to be.
-    table = freeride("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="3"))
+    table = cli("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="3"))
     assert table.returncode == 0 and table.stderr == "", table.stderr
     assert "harvest in GPU-hours" in table.stdout and "not measured" in table.stdout
     assert "slowdown not measured: net value unknown" in table.stdout
-    worth = json.loads(freeride("stats", "--json", "--agent", agent.socket,
+    worth = json.loads(cli("stats", "--json", "--agent", agent.socket,
                                 env=_env(FREERIDE_GPU_HOUR_PRICE="3")).stdout)["total"]["worth"]
     assert worth["value"] == pytest.approx(g.harvested_s / 3600 * 3)
     assert worth["net_value"] is None and worth["slowdown_measured"] is False
 
-    line = assert_usage_error(freeride("stats", "--agent", agent.socket, "--training-slowdown", "7"))
+    line = assert_usage_error(cli("stats", "--agent", agent.socket, "--training-slowdown", "7"))
     assert "--training-slowdown '7'" in line and "between 0 and 1" in line
-    line = assert_usage_error(freeride("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="x")))
+    line = assert_usage_error(cli("stats", "--agent", agent.socket, env=_env(FREERIDE_GPU_HOUR_PRICE="x")))
     assert "FREERIDE_GPU_HOUR_PRICE 'x'" in line

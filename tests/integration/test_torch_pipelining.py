@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import Agents
+from jitter import Jitter, judge
 
 from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
 from freeride.tooling.trace import simulate_iteration
@@ -106,6 +107,12 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
     # bubble spans other ranks' compute, so the theory's F and B are stretched by it.
     stretch = statistics.median(res["compute_ms"][it] / compute_ms for res in results
                                 for it in range(2, cfg.iterations))
+    # The machine's own jitter in this run (each rank's sleeps: F and B per micro-batch and stage): what the
+    # timing checks below are judged against. The checks of what was reported are asserted whatever the load.
+    sleeps = 2 * m * stages_per_rank
+    jitter = Jitter.of_slices((res["compute_ms"][it], compute_ms, sleeps) for res in results
+                              for it in range(2, cfg.iterations))
+    timing: list[str] = []
     for r, res in enumerate(results):
         iters = per_iteration(res)
         assert res["reporter_dropped"] == 0
@@ -122,13 +129,16 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
         unaccounted = statistics.median(res["step_ms"][it] - res["compute_ms"][it] - sum(map(ms, iters[it]))
                                         for it in steady)
         step = statistics.median(res["step_ms"][it] for it in steady)
-        assert abs(unaccounted) <= max(20.0, 0.2 * step), (r, unaccounted, step)
+        if abs(unaccounted) > max(20.0, 0.2 * step):
+            timing.append(f"rank {r}: {unaccounted:.1f} ms of a {step:.1f} ms step neither compute nor bubble")
         if r > 0:
             assert iters[3][0]["kind"] == trainer_pb2.BUBBLE_KIND_FILL  # waits for the first activation
         if schedule in SINGLE:
             expected = theory(schedule, r, stretch)
             typical = [statistics.median(ms(iters[it][slot]) for it in steady) for slot in range(len(shapes[1]))]
-            assert implied_bubbles_found(typical, expected), (r, typical, expected)
+            if not implied_bubbles_found(typical, expected):
+                timing.append(f"rank {r}: bubbles {[round(x, 1) for x in typical]} ms, theory "
+                              f"{[round(x, 1) for x in expected]} ms")
         # The agent of this rank saw every bubble (BETWEEN_STEPS edges are counted as events only).
         reported = sum(b["reported"] for v in iters.values() for b in v)
         gpu = agents.clients[r].stats().gpu
@@ -140,6 +150,7 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
         assert all(n >= 1 for n in attached), attached
     else:
         assert attached == [0] * len(attached)
+    judge(timing, jitter, "bubble lengths against theory (20 % or 6 ms)")
 
 
 @pytest.mark.serial  # predicted against measured bubble lengths, within 10%
@@ -151,7 +162,12 @@ def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, ag
     # longer bubbles measure the predictor rather than the machine's load.
     cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=M, forward_ms=2 * F_MS, backward_ms=2 * B_MS,
                          iterations=10, instrument=True, socket_dir=str(agents.socket_dir))
-    launch(cfg, tmp_path / "run")
+    results = launch(cfg, tmp_path / "run")
+    per_rank = 2 * M * (1 if schedule in SINGLE else 2)  # sleeps per iteration: F and B per micro-batch and stage
+    nominal = M * 2 * (F_MS + B_MS) * (1 if schedule in SINGLE else 2)
+    jitter = Jitter.of_slices((res["compute_ms"][it], nominal, per_rank) for res in results
+                              for it in range(2, cfg.iterations))
+    timing: list[str] = []
     pooled = []
     for r, collector in enumerate(agents.collectors):
         mine = collector.windows[first[r]:]
@@ -166,9 +182,12 @@ def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, ag
         assert long, (r, [w.bubble_end_ns - w.bubble_start_ns for w in late])
         errors = sorted(abs(predicted - actual) / actual for predicted, actual in long)
         pooled += errors
-        assert errors[len(errors) // 2] <= 0.15, (r, errors)
+        if errors[len(errors) // 2] > 0.15:
+            timing.append(f"rank {r}: median error {errors[len(errors) // 2]:.0%} (at most 15 %)")
     pooled.sort()
-    assert pooled[len(pooled) // 2] <= 0.10, pooled
+    if pooled[len(pooled) // 2] > 0.10:
+        timing.append(f"pooled median error {pooled[len(pooled) // 2]:.0%} (at most 10 %)")
+    judge(timing, jitter, "the agents' predictions against measured bubbles")
 
 
 def test_training_computes_the_same_with_without_and_when_the_agents_are_killed(tmp_path: Path) -> None:
