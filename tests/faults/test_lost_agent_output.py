@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fault_support import assert_all_reaped, tagged_agent
+from support.faults import assert_all_reaped, tagged_agent
 
 from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
