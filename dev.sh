@@ -42,7 +42,7 @@ setup() {
         if "$VENV/bin/python" -m pip install --quiet --no-deps "$MEGATRON_CORE" >&2; then
             echo "$want" > "$stamp"
         else  # no stamp: the next run tries again
-            echo "could not install $MEGATRON_CORE: tests/integration/test_megatron_schedules.py is skipped" >&2
+            echo "could not install $MEGATRON_CORE: tests/integration/trainers/test_megatron_schedules.py is skipped" >&2
         fi
     fi
 }
@@ -76,11 +76,8 @@ system_tools() {
 
 # What ./dev.sh test-torch runs: every test that imports torch or runs a pipeline.
 TORCH_TESTS=(
-    tests/integration/test_torch_pipelining.py tests/integration/test_reporter.py
-    tests/integration/test_deepspeed.py tests/integration/test_megatron.py tests/integration/test_megatron_schedules.py
-    tests/integration/test_torchtitan.py
-    tests/integration/test_bench_overhead.py tests/integration/test_benchmarks.py
-    tests/unit/test_edges.py tests/unit/test_torch_hook.py tests/side_tasks
+    tests/integration/trainers tests/unit/trainer tests/side_tasks
+    tests/integration/tooling/test_bench_overhead.py tests/integration/tooling/test_benchmarks.py
 )
 
 cmd=${1:-}

@@ -68,7 +68,7 @@ W_DROPPED, W_HEAD = 16, 17  # trainer: edges dropped because the ring was full; 
 
 EDGE_START, EDGE_END = 1, 2
 # freeride.v1.BubbleKind's numbers, here so that the trainer side need not import protobuf (nor grpc) on the training
-# thread (tests/unit/test_ring.py checks they are the generated enum's)
+# thread (tests/unit/agent/edge/test_ring.py checks they are the generated enum's)
 KIND_FILL, KIND_WARMUP, KIND_DRAIN, KIND_COOLDOWN, KIND_BETWEEN_STEPS = 1, 2, 3, 4, 5
 KINDS = frozenset((0, KIND_FILL, KIND_WARMUP, KIND_DRAIN, KIND_COOLDOWN, KIND_BETWEEN_STEPS))  # 0: unspecified
 MAX_STANDS_FOR = 1 << 20  # iterations one timed step may stand for (a trainer times one in seconds at least)

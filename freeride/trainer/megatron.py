@@ -16,7 +16,7 @@ an NCCL send is queued on the stream and returns at once, and they are left alon
 With the default `batch_p2p_sync=True`, Megatron synchronises the device after each receive,
 so the CPU-side END is GPU-accurate; START synchronises the stream first so that it marks the
 moment the GPU drained. Tested with megatron-core 0.16.1's real 1F1B and interleaved schedules on
-CPU (gloo; tests/integration/test_megatron_schedules.py, whose harness answers Megatron's own CUDA
+CPU (gloo; tests/integration/trainers/test_megatron_schedules.py, whose harness answers Megatron's own CUDA
 calls on the CPU); the CUDA path (`batch_p2p_sync`, CUDA edges, NCCL) is yet to run on a GPU.
 """
 

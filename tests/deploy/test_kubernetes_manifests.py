@@ -18,7 +18,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_files import DEPLOY
+from support.deploy_files import DEPLOY
 
 from freeride.agent.config import declared
 

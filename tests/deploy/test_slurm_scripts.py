@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from deploy_files import DEPLOY, REPO
+from support.deploy_files import DEPLOY, REPO
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import wait_for_task

@@ -10,12 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deploy_files import DEPLOY, Unit, parse_environment, read_env_file, specifiers
+from support.deploy_files import DEPLOY, Unit, parse_environment, read_env_file, specifiers
 
 from freeride.agent import _systemd
 from freeride.agent.config import AgentConfig, declared
@@ -130,14 +128,6 @@ def _unit_command(unit: Unit, tmp_path: Path, gpu: str) -> tuple[list[str], dict
     assert argv[0] == AGENT_BIN
     socket_path = Path(argv[argv.index("--socket") + 1])
     return [sys.executable, "-m", "freeride", *argv[1:]], env, socket_path
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory for the unit's %t and %S: its socket path must fit a unix socket's 108 bytes, which a pytest
-    tmp_path (longer under xdist: popen-gwN/) need not leave room for."""
-    with tempfile.TemporaryDirectory(prefix="frunit-", dir="/tmp") as d:
-        yield Path(d)
 
 
 def test_agent_started_like_the_unit_notifies_ready_when_serving_and_stopping_on_sigterm(short_dir: Path) -> None:

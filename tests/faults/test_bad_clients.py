@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import TaggedAgent, clean_agent, ref
+from support.agents import BackgroundTrainer
+from support.faults import TaggedAgent, clean_agent, ref
 
 from freeride.tooling.harness import WindowCollector, wait_for_task, wait_for_trainers
 from freeride.v1 import tasks_pb2, tasks_pb2_grpc, trainer_pb2, trainer_pb2_grpc

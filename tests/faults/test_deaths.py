@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import (
+from support.agents import BackgroundTrainer
+from support.faults import (
     BeaconReader,
     Ledger,
     Training,

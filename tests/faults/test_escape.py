@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, BackgroundTrainer
-from fault_support import ref, wait_gone
+from support.agents import FAST, BackgroundTrainer
+from support.faults import ref, wait_gone
 
 from freeride.agent.procs.cgroups import open_cgroups
 from freeride.agent.procs.records import ProcRecords

@@ -22,8 +22,8 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
+from support.agents import BackgroundTrainer
+from support.faults import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
 from freeride.core.stats import percentile
 from freeride.tooling.harness import WindowCollector, grant_latencies_us, sleep_until, wait_for_task

@@ -1,4 +1,4 @@
-"""The state disk fills up for real: a small tmpfs is the agent's whole state directory (tests/disk_support.py).
+"""The state disk fills up for real: a small tmpfs is the agent's whole state directory (tests/support/disk.py).
 
 A chatty task's logs are held to the total budget; then the disk is filled to its last byte. An innocent task
 whose checkpoint cannot be written, and a task resumed while nothing can be created, wait with a reason and are
@@ -9,14 +9,12 @@ traceback in the agent's log, nothing left running, and the agent stops cleanly 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import FAST, BackgroundTrainer
-from disk_support import fill, small_disk
-from fault_support import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
+from support.agents import FAST, BackgroundTrainer
+from support.cli import run_freeride
+from support.disk import fill, small_disk
+from support.faults import assert_all_reaped, assert_no_tracebacks, ref, tagged_agent
 
 from freeride.tooling.harness import WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
@@ -27,12 +25,6 @@ LOG_TOTAL = 256 << 10
 ARGS = [*FAST, "--log-max-bytes", "64KiB", "--log-total-bytes", str(LOG_TOTAL), "--max-restarts", "3"]
 DISK_FULL = "waiting: disk full: "
 LIVE = [S.TASK_STATE_READY, S.TASK_STATE_RUNNING]  # (RUNNING while it holds a window)
-
-
-def freeride(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
-    return subprocess.run([sys.executable, "-m", "freeride", *args], env=env, capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
 
 
 def logs_bytes(state: Path) -> int:
@@ -80,11 +72,11 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
                 assert steps_of(innocent, windows.windows[during + 5:]) == 0  # it holds no window while it waits
                 assert not list((state / "run").glob(f"task-{later}-*.win"))  # its tries left no empty file
 
-                doctor = freeride("doctor", "--state-dir", str(state), "--fake-gpu")
+                doctor = run_freeride("doctor", "--state-dir", str(state), "--fake-gpu")
                 assert "[WARN] state-disk" in doctor.stdout and "--disk-warn-percent 90" in doctor.stdout, doctor
 
                 # rm on the full disk: its files go first, then its row
-                removed = freeride("rm", big, "--agent", str(agent.socket))
+                removed = run_freeride("rm", big, "--agent", str(agent.socket))
                 assert removed.returncode == 0, removed
                 assert not list(state.glob(f"*/task-{big}.*"))
                 assert big not in [t.id for t in c.list()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fault_support import assert_all_reaped, tagged_agent
+from support.faults import assert_all_reaped, tagged_agent
 
 from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2
@@ -13,13 +13,16 @@ from freeride.v1 import tasks_pb2
 S = tasks_pb2
 
 TASK = '''
+import os
+import select
 import time
 from freeride import IterativeTask
 
 class Chatty(IterativeTask):
-    def __init__(self, marker: str, last: str) -> None:
+    def __init__(self, marker: str, last: str, agent_pid: int) -> None:
         self.marker = marker
         self.last = last
+        self.agent_pid = agent_pid
         self.n = 0
         self.calls = 0
 
@@ -31,7 +34,13 @@ class Chatty(IterativeTask):
         self.calls += 1
         with open(self.last, "w") as f:  # which checkpoint came last
             f.write(str(self.calls))
-        time.sleep(0.2)  # the agent's exit (and its end of our output pipe) is complete by now
+        try:  # the one checkpoint (its interval is an hour) comes after the agent was killed: wait for its exit
+            pidfd = os.pidfd_open(self.agent_pid)
+        except ProcessLookupError:
+            pass  # gone, and reaped already
+        else:
+            select.select([pidfd], [], [])  # readable once it exited: its end of our output pipe is closed too
+            os.close(pidfd)
         print(f"{self.marker}: checkpoint {self.calls}", flush=True)
         return {"n": self.n}
 
@@ -47,8 +56,10 @@ def test_a_worker_that_lost_its_agent_checkpoints_and_its_output_reaches_the_log
     agent = tagged_agent(tmp_path / "state").start()
     try:
         with agent.client() as c:
-            info = c.submit(S.TaskSpec(ref=f"{task_file}:Chatty",
-                                       args={"marker": marker, "last": str(tmp_path / "last")}))
+            assert agent.proc is not None
+            info = c.submit(S.TaskSpec(ref=f"{task_file}:Chatty", checkpoint_interval_s=3600,
+                                       args={"marker": marker, "last": str(tmp_path / "last"),
+                                             "agent_pid": str(agent.proc.pid)}))
             wait_for_task(c, info.id, [S.TASK_STATE_READY])
             log_path = Path(c.get(info.id).log_path)
         before = (tmp_path / "last").read_text() if (tmp_path / "last").exists() else "0"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import ref, wait_gone
+from support.agents import BackgroundTrainer
+from support.faults import ref, wait_gone
 
 from freeride.agent.procs.workers import WORKER_MARK
 from freeride.client import AgentClient

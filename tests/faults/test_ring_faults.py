@@ -36,8 +36,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import FAST
-from fault_support import TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
+from support.agents import FAST
+from support.faults import TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
 
 from freeride.client import AgentClient
 from freeride.core.ring import EDGE_START, HEADER_BYTES, RECORD_BYTES, RingWriter, map_ring, ring_bytes

@@ -14,8 +14,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import FAST, BackgroundTrainer
-from fault_support import (
+from support.agents import FAST, BackgroundTrainer
+from support.faults import (
     Ledger,
     TaggedAgent,
     Training,

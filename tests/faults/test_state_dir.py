@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import assert_all_reaped, assert_no_tracebacks, durable, ref, tagged_agent
+from support.agents import BackgroundTrainer
+from support.faults import assert_all_reaped, assert_no_tracebacks, durable, ref, tagged_agent
 
 from freeride.errors import InvalidStateError
 from freeride.tooling.harness import WindowCollector, wait_for_task

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BackgroundTrainer
-from fault_support import ref
+from support.agents import BackgroundTrainer
+from support.faults import ref
 
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.v1 import tasks_pb2

@@ -11,21 +11,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST
-from redis_support import RedisServer
+from support.agents import FAST
+from support.redis_server import RedisServer
+from support.sidetasks import write_prompts
 
 from freeride import PoolItem, TaskContext
 from freeride.pool import parse_lines
 from freeride.tooling.poolrun import FAKE_GPU, PoolRun, worker_up
 from freeride.v1 import tasks_pb2
 from sidetasks.generate import GeneratePool, main, output_path
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "side_tasks"))
-from test_generate import write_prompts
 
 S = tasks_pb2
 PROMPTS = 240  # enough that a fast machine still has some pending after both kills and the restart

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from redis_support import RedisServer
+from support.cli import run_freeride
+from support.redis_server import RedisServer
 
 from freeride.pool import DEFAULT_LEASE_S, DEFAULT_MAX_TRIES, Pool, parse_pool_url
 
@@ -31,10 +32,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def freeride(*args: object, stdin: str | None = None, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "freeride", *map(str, args)], cwd=REPO, env=env or _env(), capture_output=True,
-        text=True, timeout=60, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-    )
+    return run_freeride(*args, stdin=stdin, env=env or _env())
 
 
 def ok(res: subprocess.CompletedProcess[str]) -> str:

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import FAST, BackgroundTrainer
-from redis_support import RedisServer
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "faults"))  # the fault tests' helpers: tagged agents, reaping
-from fault_support import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
+from support.agents import FAST, BackgroundTrainer
+from support.faults import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
+from support.redis_server import RedisServer
 
 from freeride.pool import Pool, parse_pool_url, range_items
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from redis_support import RedisServer
+from support.redis_server import RedisServer
 
 from freeride import PoolItem, PoolTask, TaskContext, Unavailable
 from freeride.pool import Pool, parse_pool_url, range_items

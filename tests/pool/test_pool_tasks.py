@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BackgroundTrainer
 from PIL import Image, ImageOps, UnidentifiedImageError
-from redis_support import RedisServer
 from skimage.feature import hog
+from support.agents import BackgroundTrainer
+from support.redis_server import RedisServer
 
 from freeride import PoolItem, PoolTask, TaskContext
 from freeride.pool import Pool, parse_lines, parse_pool_url

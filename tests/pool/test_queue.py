@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from redis_support import RedisServer
+from support.redis_server import RedisServer
 
 from freeride.errors import PoolError
 from freeride.pool import Pool, PoolItem, parse_pool_url, range_items

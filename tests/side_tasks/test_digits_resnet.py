@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from support.sidetasks import checkpoint, progress, resumed, run, started
 
 from sidetasks.cnn import DigitsResNet
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from sidetask_harness import checkpoint, progress, resumed, started
+from support.sidetasks import checkpoint, progress, resumed, started
 
 from sidetasks.evaluate import Evaluate
 from sidetasks.models import byte_decoder, lm_loss

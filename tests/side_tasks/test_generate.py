@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import BackgroundTrainer
-from sidetask_harness import checkpoint, progress, resumed, run, started, wait_for_checkpointed
+from support.agents import BackgroundTrainer
+from support.sidetasks import checkpoint, progress, resumed, run, started, wait_for_checkpointed, write_prompts
 
 from freeride import PermanentError, TaskContext
 from freeride.client import AgentClient
@@ -31,18 +31,6 @@ from sidetasks.prompts import read_prompts
 
 S = tasks_pb2
 UNDECLARED = f"{Path(__file__).parents[1] / 'tasks' / 'undeclared_model.py'}:byte_decoder"  # no limits at submit
-WORDS = ["def", "class", "import", "return", "while", "lambda", "yield", "with"]
-
-
-def write_prompts(path: Path, n: int) -> Path:
-    """n prompts of different lengths (1 to 24 bytes), so that rows join and leave at different units."""
-    with path.open("w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": f"q{i}", "prompt": " ".join(WORDS[j % 8] for j in range(i % 5 + 1))[:24]}))
-            f.write("\n")
-    return path
-
-
 def completions(path: Path) -> dict[str, dict[str, Any]]:
     records = [json.loads(line) for line in path.read_text().splitlines()]
     by_id = {r["id"]: r for r in records}

@@ -8,7 +8,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from support.sidetasks import checkpoint, progress, resumed, run, started
 
 from sidetasks.components import ConnectedComponents
 from sidetasks.graphs import rmat_edges

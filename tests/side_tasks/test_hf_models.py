@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from support.sidetasks import checkpoint, progress, resumed, run, started
 
 from freeride import PermanentError
 from sidetasks.evaluate import Evaluate

@@ -7,8 +7,8 @@ import os
 import signal
 from pathlib import Path
 
-from conftest import BackgroundTrainer
-from sidetask_harness import run, started, wait_for_checkpointed
+from support.agents import BackgroundTrainer
+from support.sidetasks import run, started, wait_for_checkpointed
 
 from freeride.tooling.harness import wait_for_task
 from freeride.v1 import tasks_pb2

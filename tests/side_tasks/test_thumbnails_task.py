@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from sidetask_harness import checkpoint, progress, resumed, run, started
+from support.sidetasks import checkpoint, progress, resumed, run, started
 
 from sidetasks.images import PHOTOS, Thumbnails, photo_dir
 

@@ -1,6 +1,6 @@
 """Side tasks whose checkpoints are slow or fail, or that break their worker's plumbing (loaded by file reference).
 
-The lifecycle tests (tests/faults/test_task_lifecycle.py, tests/unit/test_worker_lifecycle.py) use them.
+The lifecycle tests (tests/faults/test_task_lifecycle.py, tests/unit/worker/test_worker_lifecycle.py) use them.
 """
 
 from __future__ import annotations

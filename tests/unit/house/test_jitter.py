@@ -1,0 +1,27 @@
+"""The timing tests' judge (tests/support/jitter.py): a quiet machine's timing problem fails, a loaded one's skips."""
+
+from __future__ import annotations
+
+import pytest
+from support.jitter import LOADED_OVERSHOOT_MS, Jitter, judge
+
+
+def test_the_overshoot_is_per_sleep_and_never_negative() -> None:
+    j = Jitter.of_slices([(130.0, 120.0, 10), (119.0, 120.0, 10), (124.0, 120.0, 4)])
+    assert j.overshoots_ms == (1.0, 0.0, 1.0)
+    assert j.median_ms == 1.0 and j.p90_ms == 1.0
+
+
+def test_no_problem_is_judged_nothing() -> None:
+    judge([], Jitter((50.0,)), "anything")  # returns: nothing to say, however loaded
+
+
+def test_a_quiet_machines_timing_problem_fails_naming_the_jitter() -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"bubbles \(its sleeps overshot by 0\.10 ms"):
+        judge(["rank 0: short"], Jitter((0.1,) * 10), "bubbles")
+
+
+def test_a_loaded_machine_says_it_is_too_loaded_to_judge_with_the_figure() -> None:
+    with pytest.raises(pytest.skip.Exception, match=r"too loaded to judge bubbles: its sleeps overshot by 4\.00 ms"):
+        judge(["rank 0: short"], Jitter((4.0,) * 10), "bubbles")
+    assert Jitter((LOADED_OVERSHOOT_MS,) * 10).too_loaded is False  # the bound itself is still quiet
