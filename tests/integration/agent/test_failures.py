@@ -1,6 +1,7 @@
 """A failing side task never takes the agent down: it is restarted from its checkpoint or failed with a reason.
 
-(A bad task refused at submit is checked in-process, against the real servicers: tests/unit/agent/edge/test_servicers.py.)
+(A bad task refused at submit is checked in-process, against the real servicers:
+tests/unit/agent/edge/test_servicers.py.)
 """
 
 from __future__ import annotations

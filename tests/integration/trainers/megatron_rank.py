@@ -1,4 +1,5 @@
-"""One rank of a real Megatron-Core pipeline on CPU (gloo), run by tests/integration/trainers/test_megatron_schedules.py.
+"""One rank of a real Megatron-Core pipeline on CPU (gloo), run by
+tests/integration/trainers/test_megatron_schedules.py.
 
     python megatron_rank.py SCHEDULE OUT.json     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 

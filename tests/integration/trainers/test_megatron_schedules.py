@@ -2,8 +2,8 @@
 
 1F1B (`forward_backward_pipelining_without_interleaving`) on 2 stages and the interleaved schedule
 (`forward_backward_pipelining_with_interleaving`) on 2 stages of 2 virtual stages each, with megatron-core 0.16.1
-in CI (the newest release for Python 3.11). Each rank (tests/integration/trainers/megatron_rank.py) trains the same model
-twice, plain and instrumented; the only harness is its `cpu_shims` (Megatron's own CUDA calls, on the CPU).
+in CI (the newest release for Python 3.11). Each rank (tests/integration/trainers/megatron_rank.py) trains the same
+model twice, plain and instrumented; the only harness is its `cpu_shims` (Megatron's own CUDA calls, on the CPU).
 """
 
 from __future__ import annotations

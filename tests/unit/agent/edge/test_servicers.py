@@ -1,8 +1,8 @@
-"""The servicers in-process (the second depth, tests/support/served.py): real gRPC on a unix socket, the real engine over a
-fake launcher and a manual clock, called with the real clients. The error table as a program sees it, Attach before
-and after its worker's spawn, a trainer's hello and its road (the ring offer, taken or timed out), Watch; and the
-rules that the integration suite once checked with a whole agent process (tests/integration/trainers/test_reporter.py,
-test_failures.py, test_lifecycle.py)."""
+"""The servicers in-process (the second depth, tests/support/served.py): real gRPC on a unix socket, the real engine
+over a fake launcher and a manual clock, called with the real clients. The error table as a program sees it, Attach
+before and after its worker's spawn, a trainer's hello and its road (the ring offer, taken or timed out), Watch; and
+the rules that the integration suite once checked with a whole agent process (tests/integration/trainers/
+test_reporter.py, test_failures.py, test_lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -325,7 +325,7 @@ def test_watch_announces_a_trainer_coming_and_going_and_a_task_changing(served: 
         assert list(it) == []
 
 
-# -- moved down from tests/integration/trainers/test_reporter.py --------------------------------------------------------
+# -- moved down from tests/integration/trainers/test_reporter.py ------------------------------------------------
 def test_the_agent_rejects_and_counts_impossible_edges_and_keeps_serving(served: Served) -> None:
     now = served.clock()
     hour = 3600 * 10**9
