@@ -3,8 +3,10 @@ Each bubble-reporting bench runs both roads in one invocation (`--path both`): g
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -21,8 +23,18 @@ pytestmark = pytest.mark.serial  # the benchmarks measure latencies, efficiencie
 
 
 def bench(*args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "freeride", "bench", *args, "--json"], capture_output=True,
-                         text=True, timeout=240)
+    """`freeride bench ARGS --json`, in a session of its own: if the test is stopped (its timeout), the agents and
+    trainers the bench started go with it, rather than loading the machine for the tests after."""
+    proc = subprocess.Popen([sys.executable, "-m", "freeride", "bench", *args, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert out.returncode == 0, f"freeride bench {' '.join(args)} exited {out.returncode}: {out.stderr[-2000:]}"
     result: dict[str, Any] = json.loads(out.stdout)
     return result
@@ -93,6 +105,7 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
+@pytest.mark.timeout(300)  # twelve DeepSpeed jobs, each paying its import: 126 s on the 2-core runner
 def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
     r = bench("trainer", "--framework", "deepspeed", "--startup-runs", "2", "--iterations", "34",
