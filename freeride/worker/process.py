@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -49,6 +50,8 @@ class Worker:
         self.link = AgentLink(target)
         self._out = self.link.outbox
         self._ckpt_at = time.monotonic()
+        self._output_lock = threading.Lock()
+        self._output_owned = False  # stdout and stderr go to the task's log file itself (the agent is gone)
         self.task: IterativeTask | ImperativeTask | None = None
         self.gate = StepGate(self._s, self._out, StepEstimator(warmup_steps=1), self._maybe_checkpoint)
         self.gate.window = window  # mapped before any task code runs: whatever it closes, the word stays
@@ -65,7 +68,7 @@ class Worker:
 
     def _on_lost(self, broken: bool) -> None:
         if broken:  # the agent is gone (killed), with the log writer that reads our output
-            _write_own_log()
+            self._own_output()
         self._s.lost = True
         self._s.setup_received.set()
         self._s.wake()
@@ -193,8 +196,16 @@ class Worker:
                     100 * cpu_ns / waited_ns, cpu_ns / 1e9, waited_ns / 1e9)
         self._out.idle_cpu(cpu_ns, waited_ns)
 
+    def _own_output(self) -> None:
+        """Once: stdout and stderr to the task's own log file (_write_own_log), the agent's log writer being gone."""
+        with self._output_lock:
+            if not self._output_owned:
+                self._output_owned = _write_own_log()
+
     def _stop(self) -> int:
         """Pause, cancel or a lost agent: save the state so nothing is lost, then exit."""
+        if self._s.lost:  # (seen first by the window pipe, maybe, before the stream's reader thread saw it)
+            self._own_output()
         try:
             self._checkpoint()
         except CheckpointError as exc:  # the agent puts it in the paused or cancelled task's reason
