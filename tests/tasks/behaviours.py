@@ -116,7 +116,9 @@ class Hog(Counter):
 
     def step(self) -> None:
         super().step()
-        self.held.append(bytearray(b"x" * self.step_bytes))  # written, so resident
+        block = bytearray(self.step_bytes)
+        block[::4096] = b"x" * len(range(0, self.step_bytes, 4096))  # a byte a page written: resident, at a fault each
+        self.held.append(block)
 
 
 class ForkedIdle(Counter):

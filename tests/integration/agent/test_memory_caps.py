@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import psutil
-from support.agents import BackgroundTrainer, spec
+from support.agents import FAST, BackgroundTrainer, spec
 
 from freeride.agent.config import AgentConfig
 from freeride.tooling.harness import AgentProcess, wait_for_task
@@ -65,8 +65,6 @@ def test_a_task_past_its_cap_is_stopped_within_a_second_and_nothing_else_is_touc
 
 
 def test_with_memory_cap_restarts_a_task_over_its_cap_is_retried_then_failed(tmp_path: Path) -> None:
-    from conftest import FAST
-
     with AgentProcess(state_dir=tmp_path / "state", extra_args=[*FAST, "--memory-cap-restarts", "1"]) as agent, \
             agent.client() as client:
         hog = client.submit(tasks_pb2.TaskSpec(ref=spec("Hog").ref, args={"step_mb": "8"}, mem_limit_bytes=150 * MiB))
