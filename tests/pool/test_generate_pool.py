@@ -48,8 +48,8 @@ def test_two_agents_complete_every_prompt_exactly_once_through_worker_and_agent_
         run.kill9(1)
         run.restart(1)
         # restarted: its new worker up, or already DONE (with the restarted agent it may drain the pool first)
-        run.wait_task(0, lambda t: t.restarts >= 1 and (t.state == S.TASK_STATE_DONE
-                                                        or (t.pid != worker and worker_up(t))), timeout_s=30)
+        run.wait_task(0, lambda t: t.state == S.TASK_STATE_DONE
+                      or (t.restarts >= 1 and t.pid != worker and worker_up(t)), timeout_s=30)
         infos = run.wait_finished(timeout_s=120)
         status = run.pool.status(dead_shown=10)
     assert {S.TaskState.Name(i.state) for i in infos.values()} == {"TASK_STATE_DONE"}
