@@ -50,7 +50,8 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
                 wait_for_task(c, big, [S.TASK_STATE_DONE], 60)
                 wait_for_task(c, later, LIVE)
                 c.pause(later)
-                wait_for_task(c, later, [S.TASK_STATE_PAUSED])
+                # PAUSED at once; its worker checkpoints, exits and closes its files after: all before the disk fills
+                wait_for_info(c, later, lambda t: t.state == S.TASK_STATE_PAUSED and t.pid == 0)
                 wait_for_task(c, chatty, [S.TASK_STATE_DONE], 60)
                 assert logs_bytes(state) <= LOG_TOTAL
 

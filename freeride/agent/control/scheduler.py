@@ -24,7 +24,14 @@ from freeride.agent.control.history import HISTORY_BUBBLES, HISTORY_MAX_STEPS, H
 from freeride.agent.control.idle import IdleBound
 from freeride.agent.control.policy import RecentUsage, choose
 from freeride.agent.control.predictor import MarginController
-from freeride.agent.control.slots import TaskSlot, WindowPort, candidates, could_take_a_window, starved
+from freeride.agent.control.slots import (
+    PROBE_SERIES,
+    TaskSlot,
+    WindowPort,
+    candidates,
+    could_take_a_window,
+    starved,
+)
 from freeride.agent.control.windows import TaskShare, Window
 from freeride.agent.domain.events import BubbleSpan, Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.domain.model import Counters
@@ -182,6 +189,7 @@ class Scheduler:
         probe, fits_none = starved(self.tasks, offered, remaining, w.tried, self.bubbles.longest_predicted_ns)
         for slot in fits_none:
             self._on_fit(slot.task_id, slot.step_estimate_ns or 0, self.bubbles.longest_predicted_ns())
+            self._arm_reprobe(slot)
         if probe is not None and (pick is None or probe.priority >= pick.priority):  # priority still rules
             pick = probe
         if pick is None:
@@ -189,13 +197,43 @@ class Scheduler:
         task = self.tasks[pick.task_id]
         if task.fits_none and pick is not probe:  # a window it fits (a probe is not one: it may not step)
             task.fits_none = False
+            self._stop_reprobing(task)
             self._on_fit(task.task_id, 0, 0)
+        elif pick is probe and task.probes_left:
+            task.probes_left -= 1
+            if not task.probes_left:  # the series ran out, and it still fits none: the next one, later
+                self._arm_reprobe(task)
         task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
         w.shares.append(TaskShare(task.task_id, granted_ns=self._clock()))
         task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
         task.window_id = w.id
+
+    # -- re-probing a task that fits no bubble ---------------------------------------------------
+    def _arm_reprobe(self, task: TaskSlot) -> None:
+        if task.reprobe is not None:
+            task.reprobe.cancel()
+        task.reprobe = self._call_at(self._clock() + task.reprobe_delay_ns(), lambda: self._reprobe(task.task_id))
+
+    def _reprobe(self, task_id: str) -> None:
+        """A task told it fits none is offered a series of windows again (slots.PROBE_SERIES): a load spike that
+        inflated its estimate must not starve it for good, and only a step can refresh the estimate."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            return
+        task.reprobe = None
+        if not task.fits_none:
+            return
+        task.reprobes += 1
+        task.probes_left = PROBE_SERIES
+        self._update_demand()
+
+    @staticmethod
+    def _stop_reprobing(task: TaskSlot) -> None:
+        if task.reprobe is not None:
+            task.reprobe.cancel()
+        task.reprobe, task.reprobes, task.probes_left = None, 0, 0
 
     def _close(self, w: Window, end_ns: int) -> None:
         if end_ns:
@@ -282,6 +320,7 @@ class Scheduler:
             return
         if task.hang_timer is not None:
             task.hang_timer.cancel()
+        self._stop_reprobing(task)
         w = self._windows.get(task.window_id)
         if w is not None and w.holder == task_id:
             w.holder = ""

@@ -2,6 +2,9 @@
 
 A task whose step estimate fits no bubble is passed over; after `PROBE_AFTER` dispatches it is offered one
 anyway (a probe): its estimate may be one step slowed by a loaded machine, and only a window can refresh it.
+Once told it fits none the agent stops offering it windows (and may stop listening); a timer, backed off from
+REPROBE_FIRST_NS to REPROBE_MAX_NS, offers it a series of PROBE_SERIES windows again, so that an estimate a load
+spike inflated never starves the task for good.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ from freeride.agent.domain.timers import TimerHandle
 # A task passed over this many times because its step estimate did not fit is offered a window
 # anyway: its worker re-checks (and drops a stale outlier from) its estimate instead of starving.
 PROBE_AFTER = 16
+# The re-probe after a task was told it fits none: PROBE_SERIES windows in a row, the number its worker declines
+# before it steps anyway (freeride.worker.fit.PROBE_AFTER_WINDOWS; a test keeps the two equal), first after
+# REPROBE_FIRST_NS, then twice as long each time it still fits none, up to REPROBE_MAX_NS.
+PROBE_SERIES = 8
+REPROBE_FIRST_NS = 5_000_000_000
+REPROBE_MAX_NS = 80_000_000_000
 
 
 class WindowPort(Protocol):
@@ -41,6 +50,12 @@ class TaskSlot:
     fits_none: bool = False  # told (on_fit) that its estimate fits no bubble seen; cleared when one fits
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
     checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
+    probes_left: int = 0  # windows of the re-probe series still to offer (while it fits none)
+    reprobes: int = 0  # re-probe series offered since it last fitted a window (the backoff's exponent)
+    reprobe: TimerHandle | None = None  # the next re-probe series, while it fits none
+
+    def reprobe_delay_ns(self) -> int:
+        return min(REPROBE_FIRST_NS << min(self.reprobes, 16), REPROBE_MAX_NS)
 
 
 def could_take_a_window(t: TaskSlot, longest_bubble_ns: Callable[[], int]) -> bool:
@@ -48,13 +63,14 @@ def could_take_a_window(t: TaskSlot, longest_bubble_ns: Callable[[], int]) -> bo
     it), or it may be granted one. A task that stops or checkpoints may not. Nor may one whose steps fit no bubble:
     told so (`fits_none`: it sat out PROBE_AFTER dispatches and was offered a probe, which refreshed its estimate)
     and its estimate still longer than `longest_bubble_ns()`, every slot's predicted bubble (the windows the agent
-    could grant; one long outlier does not count). The edges, read late, still teach the bubbles' lengths, and once
-    a slot's prediction is as long as its estimate the agent listens again (Scheduler._on_end)."""
+    could grant; one long outlier does not count), unless a re-probe series is under way. The edges, read late, still
+    teach the bubbles' lengths, and once a slot's prediction is as long as its estimate the agent listens again
+    (Scheduler._on_end)."""
     if t.window_id:
         return True
     if t.stopping or t.checkpointing:
         return False
-    return not (t.fits_none and (t.step_estimate_ns or 0) > longest_bubble_ns())
+    return not (t.fits_none and not t.probes_left and (t.step_estimate_ns or 0) > longest_bubble_ns())
 
 
 def candidates(tasks: Mapping[str, TaskSlot], usage: RecentUsage) -> list[Candidate]:
@@ -67,7 +83,8 @@ def candidates(tasks: Mapping[str, TaskSlot], usage: RecentUsage) -> list[Candid
 
 def starved(tasks: Mapping[str, TaskSlot], candidates: list[Candidate], remaining_ns: int, tried: set[str],
             longest_bubble_ns: Callable[[], int]) -> tuple[Candidate | None, list[TaskSlot]]:
-    """An idle task that sat out `PROBE_AFTER` dispatches because its estimate did not fit (None: no such task),
+    """An idle task that sat out `PROBE_AFTER` dispatches because its estimate did not fit, or is in a re-probe
+    series (None: no such task),
     and the tasks newly found to fit no bubble (to be said once, until a window they fit): their estimate is longer
     than `longest_bubble_ns()`, the longest any slot's bubble is predicted to be (asked only then).
 
@@ -85,6 +102,6 @@ def starved(tasks: Mapping[str, TaskSlot], candidates: list[Candidate], remainin
             if slot.unfit >= PROBE_AFTER and not slot.fits_none and estimate_ns > longest_bubble_ns():
                 slot.fits_none = True
                 fits_none.append(slot)
-            if probe is None and slot.unfit >= PROBE_AFTER:
+            if probe is None and (slot.unfit >= PROBE_AFTER or slot.probes_left):
                 probe = c
     return probe, fits_none

@@ -68,8 +68,9 @@ def test_the_tail_of_a_bubble_goes_to_a_task_with_shorter_steps(agent, client):
 
 
 def test_higher_priority_is_served_first(agent, client):
-    high = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=50))
+    # (the low one first: its older id would win a tie, as the fair share starts even)
     low = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=1))
+    high = submit_ready(client, tasks_pb2.TaskSpec(ref=spec("Counter").ref, args={"step_ms": "2"}, priority=50))
     # 25 ms of compute between bubbles: time for the high task's worker to report its last window done
     # before the next opens. A task still busy when a window opens is passed over (nothing waits for a
     # worker), which a busy machine could otherwise turn into a window for the low task; 50 ms bubbles,
@@ -86,7 +87,11 @@ def test_higher_priority_is_served_first(agent, client):
             judged.append(w)
         high_idle = max([high_idle, *(s.idle_ns for s in w.shares if s.task_id == high.id)])
     assert len(judged) >= len(windows.windows) // 2, (len(judged), len(windows.windows))
-    assert all(w.shares[0].task_id == high.id for w in judged)
+    # The agent may learn of that report later than the worker wrote it (a loaded runner delays its message), so a
+    # judged window can still have found the high task busy; equal shares (fair share) would put it first in about
+    # half of them.
+    first = [w.shares[0].task_id == high.id for w in judged]
+    assert sum(first) >= 0.75 * len(first), first
     busy = {t: sum(s.busy_ns for w in judged for s in w.shares if s.task_id == t) for t in (high.id, low.id)}
     assert busy[high.id] > 5 * busy[low.id], busy
 

@@ -12,8 +12,10 @@ import pytest
 from support.engine_fakes import Timer as FakeTimer
 
 from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
+from freeride.agent.control.slots import PROBE_SERIES
 from freeride.agent.domain.events import Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.domain.model import Counters
+from freeride.worker.fit import PROBE_AFTER_WINDOWS
 
 MS = 1_000_000
 US = 1_000
@@ -818,18 +820,59 @@ def test_the_agent_stays_quiet_while_no_task_fits_any_bubble_seen_and_listens_on
             h.done("big", int(grant[1]), step_estimate_ns=50 * MS)  # type: ignore[call-overload]
         big.calls.clear()
         assert h.sched.wants_edges is False
-    assert h.pending_timers() == []
+    (reprobe,) = h.pending_timers()  # the one timer: the re-probe, beyond this test's few seconds
+    assert reprobe.at > h.now
     assert h.sched.bubbles.longest_ns == LENGTH
     for k in range(i + 40, i + 43):  # the slot's bubbles grow to 60 ms (a new schedule): long enough for its steps
         h.start(t + k * PERIOD, iteration=2 + k)
         h.end(t + k * PERIOD + 60 * MS, iteration=2 + k)
         if k < i + 42:  # one or two long bubbles are outliers (a stall): no window could count on them
-            assert h.pending_timers() == [] and h.sched.wants_edges is False
+            assert h.pending_timers() == [reprobe] and h.sched.wants_edges is False
     assert h.sched.wants_edges is False  # not while that END is delivered (the agent is reading a ring) ...
-    (relisten,) = h.pending_timers()
+    (relisten,) = [timer for timer in h.pending_timers() if timer is not reprobe]
     assert relisten.at == h.now  # ... but at once after
     h.fire(relisten)
     assert h.sched.wants_edges is True and h.demand[-1] == (True, False)
+
+
+def test_a_task_that_fits_none_is_offered_a_series_of_windows_again_later_and_less_often_each_time() -> None:
+    """A load spike may have inflated the estimate, and only a step refreshes it: told it fits none, the task is not
+    left out for good. A timer offers it PROBE_SERIES windows in a row (its worker declines that many before it steps
+    anyway), then, if it still fits none, the next series comes twice as late."""
+    h, big, i = _quiet_on_a_task_that_fits_no_bubble(50 * MS)
+    big.calls.clear()
+    t, delays = 2 * PERIOD, []
+    for series in range(3):
+        (reprobe,) = h.pending_timers()
+        delays.append(reprobe.at - h.now)
+        h.fire(reprobe)
+        assert h.sched.wants_edges is True  # the series: each edge matters again
+        offered = 0
+        while h.sched.wants_edges:
+            h.start(t + i * PERIOD, iteration=2 + i)
+            for grant in big.grants():  # declined: the same estimate
+                offered += 1
+                h.done("big", int(grant[1]), step_estimate_ns=50 * MS)  # type: ignore[call-overload]
+            big.calls.clear()
+            h.end(t + i * PERIOD + LENGTH, iteration=2 + i)
+            i += 1
+        assert offered == PROBE_SERIES
+        t = h.now - i * PERIOD
+    assert delays[1] >= 2 * delays[0] - PERIOD and delays[2] >= 2 * delays[1] - PERIOD  # backed off
+    assert delays[0] >= 1_000 * MS  # and not soon: the quiet agent's saving stays
+    # A series whose step comes back short: it fits again, and nothing more is scheduled for it.
+    h.fire(h.pending_timers()[0])
+    h.start(t + i * PERIOD, iteration=2 + i)
+    (grant,) = big.grants()
+    h.done("big", int(grant[1]), step_estimate_ns=1 * MS)  # type: ignore[call-overload]
+    h.end(t + i * PERIOD + LENGTH, iteration=2 + i)
+    i += 1
+    h.start(t + i * PERIOD, iteration=2 + i)
+    assert not h.sched.tasks["big"].fits_none and h.sched.tasks["big"].reprobe is None
+
+
+def test_the_re_probe_series_is_as_long_as_the_worker_declines_before_it_steps_anyway() -> None:
+    assert PROBE_SERIES == PROBE_AFTER_WINDOWS
 
 
 def test_a_task_that_could_take_a_window_makes_the_quiet_agent_listen_at_once() -> None:
