@@ -6,7 +6,8 @@ message, or a timer set for a known instant).
 
 Here: bubbles become windows, windows are granted, revoked and handed on, hung steps are caught.
 Its parts, each with one job: bubbles.py (the open bubble per rank, the predictions, what each END
-taught), slots.py (the resident tasks, the candidates, the starved probe), windows.py (the data),
+taught), slots.py (the resident tasks, the candidates, the starved probe), reprobe.py (a task that fits no bubble
+offered windows again, later), windows.py (the data),
 accounting.py and history.py (pure functions over a closed window and over the kept ones).
 """
 
@@ -24,14 +25,8 @@ from freeride.agent.control.history import HISTORY_BUBBLES, HISTORY_MAX_STEPS, H
 from freeride.agent.control.idle import IdleBound
 from freeride.agent.control.policy import RecentUsage, choose
 from freeride.agent.control.predictor import MarginController
-from freeride.agent.control.slots import (
-    PROBE_SERIES,
-    TaskSlot,
-    WindowPort,
-    candidates,
-    could_take_a_window,
-    starved,
-)
+from freeride.agent.control.reprobe import Reprobes
+from freeride.agent.control.slots import TaskSlot, WindowPort, candidates, could_take_a_window, starved
 from freeride.agent.control.windows import TaskShare, Window
 from freeride.agent.domain.events import BubbleSpan, Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.domain.model import Counters
@@ -84,6 +79,7 @@ class Scheduler:
         self.margin = MarginController(config.margin_ns)
         self.usage = RecentUsage(config.fair_share_half_life_ns)  # per task id: survives a worker's restart
         self.tasks: dict[str, TaskSlot] = {}
+        self.reprobes = Reprobes(clock, call_at, self.tasks, self._update_demand)  # a task that fits no bubble
         self.bubbles = Bubbles()
         self.idle = IdleBound()  # what a rank's bubbles may add to the ledger: no more time than has passed
         self._windows: dict[int, Window] = {}
@@ -189,51 +185,23 @@ class Scheduler:
         probe, fits_none = starved(self.tasks, offered, remaining, w.tried, self.bubbles.longest_predicted_ns)
         for slot in fits_none:
             self._on_fit(slot.task_id, slot.step_estimate_ns or 0, self.bubbles.longest_predicted_ns())
-            self._arm_reprobe(slot)
+            self.reprobes.arm(slot)
         if probe is not None and (pick is None or probe.priority >= pick.priority):  # priority still rules
             pick = probe
         if pick is None:
             return
         task = self.tasks[pick.task_id]
         if task.fits_none and pick is not probe:  # a window it fits (a probe is not one: it may not step)
-            task.fits_none = False
-            self._stop_reprobing(task)
+            self.reprobes.fits_again(task)
             self._on_fit(task.task_id, 0, 0)
-        elif pick is probe and task.probes_left:
-            task.probes_left -= 1
-            if not task.probes_left:  # the series ran out, and it still fits none: the next one, later
-                self._arm_reprobe(task)
+        elif pick is probe:
+            self.reprobes.probed(task)
         task.port.grant(w.id, w.until_ns)  # first: the worker wakes while the books below are kept
         w.shares.append(TaskShare(task.task_id, granted_ns=self._clock()))
         task.unfit = 0
         w.holder = task.task_id
         w.tried.add(task.task_id)
         task.window_id = w.id
-
-    # -- re-probing a task that fits no bubble ---------------------------------------------------
-    def _arm_reprobe(self, task: TaskSlot) -> None:
-        if task.reprobe is not None:
-            task.reprobe.cancel()
-        task.reprobe = self._call_at(self._clock() + task.reprobe_delay_ns(), lambda: self._reprobe(task.task_id))
-
-    def _reprobe(self, task_id: str) -> None:
-        """A task told it fits none is offered a series of windows again (slots.PROBE_SERIES): a load spike that
-        inflated its estimate must not starve it for good, and only a step can refresh the estimate."""
-        task = self.tasks.get(task_id)
-        if task is None:
-            return
-        task.reprobe = None
-        if not task.fits_none:
-            return
-        task.reprobes += 1
-        task.probes_left = PROBE_SERIES
-        self._update_demand()
-
-    @staticmethod
-    def _stop_reprobing(task: TaskSlot) -> None:
-        if task.reprobe is not None:
-            task.reprobe.cancel()
-        task.reprobe, task.reprobes, task.probes_left = None, 0, 0
 
     def _close(self, w: Window, end_ns: int) -> None:
         if end_ns:
@@ -300,9 +268,7 @@ class Scheduler:
             return
         task.checkpointing = active
         if active:
-            if task.hang_timer is not None:
-                task.hang_timer.cancel()
-                task.hang_timer = None
+            task.disarm_hang()
             self._update_demand()
             return
         w = self._windows.get(task.window_id)
@@ -318,9 +284,8 @@ class Scheduler:
         task = self.tasks.pop(task_id, None)
         if task is None:
             return
-        if task.hang_timer is not None:
-            task.hang_timer.cancel()
-        self._stop_reprobing(task)
+        task.disarm_hang()
+        self.reprobes.stop(task)
         w = self._windows.get(task.window_id)
         if w is not None and w.holder == task_id:
             w.holder = ""
@@ -341,9 +306,7 @@ class Scheduler:
         if task is None or task.window_id != done.window_id:
             return
         task.window_id = 0
-        if task.hang_timer is not None:
-            task.hang_timer.cancel()
-            task.hang_timer = None
+        task.disarm_hang()
         if done.step_estimate_ns > 0:
             task.step_estimate_ns = done.step_estimate_ns
         w = self._windows.get(done.window_id)

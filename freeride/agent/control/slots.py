@@ -2,9 +2,8 @@
 
 A task whose step estimate fits no bubble is passed over; after `PROBE_AFTER` dispatches it is offered one
 anyway (a probe): its estimate may be one step slowed by a loaded machine, and only a window can refresh it.
-Once told it fits none the agent stops offering it windows (and may stop listening); a timer, backed off from
-REPROBE_FIRST_NS to REPROBE_MAX_NS, offers it a series of PROBE_SERIES windows again, so that an estimate a load
-spike inflated never starves the task for good.
+Once told it fits none the agent stops offering it windows (and may stop listening) until a re-probe series
+(reprobe.py) offers it some again.
 """
 
 from __future__ import annotations
@@ -20,12 +19,6 @@ from freeride.agent.domain.timers import TimerHandle
 # A task passed over this many times because its step estimate did not fit is offered a window
 # anyway: its worker re-checks (and drops a stale outlier from) its estimate instead of starving.
 PROBE_AFTER = 16
-# The re-probe after a task was told it fits none: PROBE_SERIES windows in a row, the number its worker declines
-# before it steps anyway (freeride.worker.fit.PROBE_AFTER_WINDOWS; a test keeps the two equal), first after
-# REPROBE_FIRST_NS, then twice as long each time it still fits none, up to REPROBE_MAX_NS.
-PROBE_SERIES = 8
-REPROBE_FIRST_NS = 5_000_000_000
-REPROBE_MAX_NS = 80_000_000_000
 
 
 class WindowPort(Protocol):
@@ -50,12 +43,14 @@ class TaskSlot:
     fits_none: bool = False  # told (on_fit) that its estimate fits no bubble seen; cleared when one fits
     stopping: bool = False  # asked to checkpoint and exit: no new window (one it holds ends as usual)
     checkpointing: bool = False  # its worker is in a checkpoint: no new window, no hang timer
-    probes_left: int = 0  # windows of the re-probe series still to offer (while it fits none)
+    probes_left: int = 0  # windows of the re-probe series still to offer (while it fits none; reprobe.py)
     reprobes: int = 0  # re-probe series offered since it last fitted a window (the backoff's exponent)
     reprobe: TimerHandle | None = None  # the next re-probe series, while it fits none
 
-    def reprobe_delay_ns(self) -> int:
-        return min(REPROBE_FIRST_NS << min(self.reprobes, 16), REPROBE_MAX_NS)
+    def disarm_hang(self) -> None:
+        if self.hang_timer is not None:
+            self.hang_timer.cancel()
+            self.hang_timer = None
 
 
 def could_take_a_window(t: TaskSlot, longest_bubble_ns: Callable[[], int]) -> bool:

@@ -19,7 +19,9 @@ from freeride.errors import FreerideError
 from freeride.tooling.bench import paths
 from freeride.tooling.harness import AgentProcess
 
-pytestmark = pytest.mark.serial  # the benchmarks measure latencies, efficiencies and overhead ratios
+# The benches that judge latencies, efficiencies, paces and overhead ratios run alone (marked serial, each); those
+# checked for their shape, their counts and their one-line refusals run with the rest.
+SERIAL = pytest.mark.serial
 
 
 def bench(*args: str) -> dict[str, Any]:
@@ -50,8 +52,7 @@ def both(name: str, *args: str) -> dict[str, dict[str, Any]]:
         assert run["benchmark"] == name and run["path"] == path  # the shm run really took the ring
         assert run["dropped_by_reporter"] == 0
     return runs
-
-
+@SERIAL
 def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths() -> None:
     for r in both("control", "--bubbles", "40", "--flood", "2000").values():
         for key in ("hook_us_p50", "hook_us_p99", "grant_us_p50", "grant_us_p99", "revoke_us_p50", "revoke_us_p99",
@@ -67,8 +68,7 @@ def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths
         # window would open too late (CI once saw 35 of 40). The scheduler's unit tests pin the policy.
         assert 0 < r["windows"] <= 40
         assert r["events_total"] == 80 + 2000  # the whole flood reached the agent
-
-
+@SERIAL
 def test_harvest_benchmark_reports_efficiency_against_the_ideal_on_both_paths() -> None:
     for r in both("harvest", "--iterations", "5").values():
         assert 0 < float(r["efficiency"]) <= float(r["ideal_efficiency"]) <= 1
@@ -78,16 +78,14 @@ def test_harvest_benchmark_reports_efficiency_against_the_ideal_on_both_paths() 
             assert key in r
         assert 15 <= r["edge_gap_ms_p50"] <= 45  # the trace's pace: F = 20 ms, B = 40 ms
         assert r["wake_delay_us_p50"] > 0 and r["wake_write_us_p50"] > 0  # the machine's floor at that pace
-
-
+@SERIAL
 def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths() -> None:
     for path, r in both("trainer", "--microbatches", "4", "--iterations", "8").items():
         assert float(r["step_ms_plain"]) > 0 and float(r["step_ms_instrumented"]) > 0
         assert 0.5 < float(r["overhead_ratio"]) < 2
         assert [rank["bubbles_per_iteration"] for rank in r["ranks"]] == [7, 13, 11, 5]
         assert [rank["path"] for rank in r["ranks"]] == [path] * 4  # every rank took the road asked for
-
-
+@SERIAL
 def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
     # Every step timed (the default times one in 500 ms while the agent is quiet: none of 12 short steps after warm-up)
@@ -105,6 +103,7 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
+@SERIAL
 @pytest.mark.timeout(300)  # twelve DeepSpeed jobs, each paying its import: 126 s on the 2-core runner
 def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -127,8 +126,7 @@ def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     assert r["benchmark"] == "control" and r["path"] == "grpc" and "runs" not in r
     assert r["events"] == 40 and r["dropped_by_reporter"] == 0
     assert (r["trainer_cpus"], r["agent_cpus"]) == (str(cpus[0]), str(cpus[-1]))
-
-
+@SERIAL
 def test_ballast_tasks_stay_resident_beside_the_measured_one_holding_their_memory() -> None:
     r = bench("control", "--bubbles", "20", "--ballast", "2", "--ballast-mb", "16", "--ballast-children", "1")
     assert (r["ballast"], r["ballast_mb"], r["ballast_children"]) == (2, 16, 1)

@@ -20,8 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = pytest.mark.serial  # real-time training, a stage per core: its slowdown and efficiency
-
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # On a CPU one stage per core (the demo's stand-in for one GPU per stage), four at most.
 STAGES = min(4, len(os.sched_getaffinity(0)))
@@ -112,6 +110,7 @@ def demo(tmp_path: Path) -> Iterator[type[Demo]]:
         d.kill()
 
 
+@pytest.mark.serial  # real-time training, a stage per core: its slowdown and efficiency
 @pytest.mark.timeout(240)
 def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behind(demo):
     d = demo()

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 from support.engine_fakes import Timer as FakeTimer
 
+from freeride.agent.control.reprobe import PROBE_SERIES
 from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
-from freeride.agent.control.slots import PROBE_SERIES
 from freeride.agent.domain.events import Edge, Steps, WindowDone, WindowRecord
 from freeride.agent.domain.model import Counters
 from freeride.worker.fit import PROBE_AFTER_WINDOWS
@@ -842,7 +842,7 @@ def test_a_task_that_fits_none_is_offered_a_series_of_windows_again_later_and_le
     h, big, i = _quiet_on_a_task_that_fits_no_bubble(50 * MS)
     big.calls.clear()
     t, delays = 2 * PERIOD, []
-    for series in range(3):
+    for _ in range(3):
         (reprobe,) = h.pending_timers()
         delays.append(reprobe.at - h.now)
         h.fire(reprobe)
