@@ -7,7 +7,8 @@ the environment, the environment the defaults.
 
 Each concern is also a type of its own, built from those fields: `config.access`, `.workers`, `.cpu`, `.gpu_layer`
 (freeride.gpu.config.GpuConfig) and `.state`, frozen, each checking itself; `validate()` asks each in turn. A
-component takes its own concern (GpuControl.open the GPU layer's, the scheduler the workers'), not the whole.
+component takes its own concern (GpuControl.open the GPU layer's; the scheduler, the supervisor, its
+watchdog and the worker streams the workers'), not the whole: only the agent's front, which builds them, holds it.
 """
 
 from __future__ import annotations

@@ -202,9 +202,9 @@ class Rig:
                                    on_account=lambda *a: None, on_hang=lambda *a: None)
         defaults: dict[str, Any] = {"state_dir": state_dir, "max_restarts": 3, "restart_backoff_s": 1.0}
         self.config = AgentConfig(**{**defaults, **config})
-        self.sup = Supervisor(self.config, self.table, self.memory, self.launcher, self.scheduler,
-                              call_later=self.timers.call_later, offload=offload or InlineOffload(),
-                              free_bytes=free_bytes)
+        self.sup = Supervisor(self.config.workers, self.config.state_dir, self.table, self.memory, self.launcher,
+                              self.scheduler, call_later=self.timers.call_later, offload=offload or InlineOffload(),
+                              free_bytes=free_bytes, memory_cap_restarts=self.config.memory_cap_restarts)
         self.streams = self.sup.streams  # what the workers say (their streams' messages)
         self.watchdog = self.sup.watchdog
         self._ids = itertools.count(1)

@@ -189,7 +189,8 @@ class BubbleServicer(trainer_pb2_grpc.BubbleServiceServicer):
             self._calls.discard(call)
 
     async def _report_bubbles(self, context: grpc.aio.ServicerContext) -> None:
-        await TrainerLink(self._agent.trainers, self._agent.config, context, self._handshake_timeout_s).serve()
+        config = self._agent.config
+        await TrainerLink(self._agent.trainers, config.gpu, config.access, context, self._handshake_timeout_s).serve()
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):

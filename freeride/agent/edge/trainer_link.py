@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import AccessConfig
 from freeride.agent.domain.trainers import SHM, TrainerStream
 from freeride.agent.edge.bubble_checks import edge_ok, edge_problem, take_records
 from freeride.agent.edge.convert import declaration_from_pb, edge_from_pb
@@ -40,10 +40,12 @@ log = logging.getLogger("freeride.agent")
 class TrainerLink:
     """One trainer's stream (a ReportBubbles call), and its ring if it takes one."""
 
-    def __init__(self, trainers: Trainers, config: AgentConfig, context: grpc.aio.ServicerContext,
+    def __init__(self, trainers: Trainers, gpu: int, access: AccessConfig, context: grpc.aio.ServicerContext,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        """`access`: the agent's socket and road settings (where a ring's files go, their mode and group)."""
         self._trainers = trainers
-        self._config = config
+        self._gpu = gpu
+        self._access = access
         self._context = context
         self._handshake_timeout_s = handshake_timeout_s
         self.stream = TrainerStream(context.peer())
@@ -55,7 +57,7 @@ class TrainerLink:
     async def serve(self) -> None:
         """Welcome the trainer, read its messages until it ends the stream, then close."""
         context = self._context
-        await context.write(trainer_pb2.TrainerWelcome(gpu=self._config.gpu, agent_version=__version__))
+        await context.write(trainer_pb2.TrainerWelcome(gpu=self._gpu, agent_version=__version__))
         self._trainers.opened(self.stream)
         log.debug("trainer stream opened (%s)", self.stream.peer)
         try:
@@ -83,7 +85,7 @@ class TrainerLink:
         self._ranks.add(stream.rank)
         ring = self._ring = self._ring_for(hello)
         await self._context.write(trainer_pb2.TrainerWelcome(
-            gpu=self._config.gpu, agent_version=__version__, hello_answered=True,
+            gpu=self._gpu, agent_version=__version__, hello_answered=True,
             ring_socket=str(ring.socket_path) if ring else "", ring_key=ring.key if ring else b"",
         ))
         if ring is not None:
@@ -92,11 +94,11 @@ class TrainerLink:
     # -- the road ----------------------------------------------------------------------------------
     def _ring_for(self, hello: trainer_pb2.TrainerHello) -> RingChannel | None:
         """A ring for a local trainer that asked for one, unless this agent keeps edges on gRPC."""
-        config = self._config
-        if not hello.shared_memory or config.bubble_path == "grpc" or not self.stream.peer.startswith("unix:"):
+        access = self._access
+        if not hello.shared_memory or access.bubble_path == "grpc" or not self.stream.peer.startswith("unix:"):
             return None
         try:
-            return RingChannel(config.socket_path.parent, config.gpu, config.socket_mode_bits(), config.socket_gid(),
+            return RingChannel(access.socket_path.parent, self._gpu, access.socket_mode_bits(), access.socket_gid(),
                                ring_records(hello.ring_records))
         except OSError as exc:
             log.warning("trainer %s: no shared-memory ring (%s); its edges stay on gRPC", self.stream.name, exc)

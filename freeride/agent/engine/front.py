@@ -125,7 +125,8 @@ class Agent:
             on_fit=later.fit,
             on_demand=later.demand,
         )
-        self.supervisor = Supervisor(config, self.table, self.memory, launcher, self.scheduler)
+        self.supervisor = Supervisor(config.workers, config.state_dir, self.table, self.memory, launcher,
+                                     self.scheduler, memory_cap_restarts=config.gpu_layer.memory_cap_restarts)
         self.trainers = Trainers(clock, self.events, self.scheduler, self.table, self.store,
                                  self.supervisor.admit_waiting, self._loop.call_soon)
         later.supervisor, later.trainers = self.supervisor, self.trainers

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import WorkerConfig
 from freeride.agent.control.scheduler import Scheduler, TaskSlot
 from freeride.agent.domain.events import (
     Checkpointed,
@@ -41,7 +41,7 @@ _MAX_WAITING_REASON = 200  # characters of the task's own words kept in its reas
 
 
 class WorkerStreams:
-    def __init__(self, config: AgentConfig, table: TaskTable, scheduler: Scheduler, deadlines: CheckpointDeadlines,
+    def __init__(self, workers: WorkerConfig, table: TaskTable, scheduler: Scheduler, deadlines: CheckpointDeadlines,
                  checkpoint_dir: Path, stopping: Callable[[], bool]) -> None:
         """`stopping`: whether the agent is shutting down (no task becomes a candidate for windows then).
 
@@ -50,7 +50,7 @@ class WorkerStreams:
         counts shared libraries whole, so it read as peaks over caps the watchdog never saw passed (417.5 MiB
         over a 400 MiB cap in CPU mode, where the watchdog reads PSS or memory.current; ~600 MiB of CUDA
         libraries over a 256 MiB GPU cap, where it reads the device)."""
-        self._cfg = config
+        self._cfg = workers
         self._table = table
         self._scheduler = scheduler
         self._deadlines = deadlines

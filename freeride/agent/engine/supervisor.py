@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import WorkerConfig
 from freeride.agent.control.scheduler import Scheduler
 from freeride.agent.domain.background import Background
 from freeride.agent.domain.events import Control
@@ -55,13 +55,19 @@ class Launcher(Protocol):
     def tracking(self) -> TreeScan: ...
 
 
+def _fits_none(estimate_ns: int, longest_ns: int) -> str:
+    return (f"{_FITS_NONE} (p95 {format_seconds(estimate_ns / 1e9)}) do not fit any bubble "
+            f"(longest {format_seconds(longest_ns / 1e9)})")
+
+
 class Supervisor:
-    def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, launcher: Launcher,
-                 scheduler: Scheduler, call_later: CallLater | None = None, offload: Offload | None = None,
-                 free_bytes: Callable[[], int] | None = None) -> None:
-        """`offload`: where the watchdog's blocking reads run (None: a thread of the supervisor's own, released
-        by `shutdown`); `free_bytes()`: the state directory's free space (default: its file system's)."""
-        self._cfg = config
+    def __init__(self, workers: WorkerConfig, state_dir: Path, table: TaskTable, memory: MemoryGuard,
+                 launcher: Launcher, scheduler: Scheduler, call_later: CallLater | None = None,
+                 offload: Offload | None = None, free_bytes: Callable[[], int] | None = None,
+                 memory_cap_restarts: int = 0) -> None:
+        """`offload`: where the watchdog's blocking reads run (None: a thread of its own, released by `shutdown`);
+        `free_bytes()`: `state_dir`'s free space (default: its file system's)."""
+        self._cfg, self._state_dir = workers, state_dir  # its own settings (AgentConfig.workers), where its files go
         self._table = table
         self._memory = memory
         self._launcher = launcher
@@ -70,18 +76,18 @@ class Supervisor:
         self._restarts = RestartTimers(self._call_later)  # each task's pending restart (or start after a full disk)
         self._background = Background("supervisor")  # worker starts after a wait for memory or a backoff
         self._disk_waits: dict[str, int] = {}  # task id -> starts in a row that found the disk full
-        self._item_crashes = ItemCrashes(config.state_dir / "checkpoints")  # crashes inside pool items (poison.py)
+        self._item_crashes = ItemCrashes(state_dir / "checkpoints")  # crashes inside pool items (poison.py)
         self._admission_pass: TimerHandle | None = None  # set after a worker's exit freed memory
         self._instance = 0  # spawn counter: a stale worker process cannot attach
-        self.checkpoint_dir = config.state_dir / "checkpoints"
+        self.checkpoint_dir = state_dir / "checkpoints"
         self.stopping = False
-        self._deadlines = CheckpointDeadlines(config.checkpoint_timeout_s, table, self._call_later)
-        self.streams = WorkerStreams(config, table, scheduler, self._deadlines, self.checkpoint_dir,
+        self._deadlines = CheckpointDeadlines(workers.checkpoint_timeout_s, table, self._call_later)
+        self.streams = WorkerStreams(workers, table, scheduler, self._deadlines, self.checkpoint_dir,
                                      lambda: self.stopping)
-        self.watchdog = MemoryWatchdog(config, table, memory, scheduler, launcher.tracking, self.admit_waiting,
+        self.watchdog = MemoryWatchdog(workers, table, memory, scheduler, launcher.tracking, self.admit_waiting,
                                        self._call_later, offload or ThreadOffload("freeride-sample"),
-                                       SpaceWatch(free_bytes or (lambda: disk.usage(config.state_dir).free_bytes),
-                                                  self._waits_for_disk, self.disk_freed))
+                                       SpaceWatch(free_bytes or (lambda: disk.usage(state_dir).free_bytes),
+                                                  self._waits_for_disk, self.disk_freed), memory_cap_restarts)
 
     # -- memory admission ------------------------------------------------------------------------
     def usable_bytes(self) -> int | None:
@@ -144,8 +150,8 @@ class Supervisor:
             if isinstance(exc, OSError) and disk.is_full(exc) and self._table.worker(rec.id) is None:
                 # whose space it is: a statvfs and a walk of the state directory, off the loop
                 full = await self.watchdog.off_loop(functools.partial(
-                    disk.wait_reason, "its worker's files cannot be created in", self._cfg.state_dir, exc,
-                    self._cfg.state_dir))
+                    disk.wait_reason, "its worker's files cannot be created in", self._state_dir, exc,
+                    self._state_dir))
             self._start_failed(rec, exc, full)
 
     async def _start(self, rec: TaskRecord, reason: str) -> None:
@@ -305,8 +311,7 @@ class Supervisor:
         if rec is None or rec.state is not TaskState.READY:
             return
         if estimate_ns:
-            why = (f"{_FITS_NONE} (p95 {format_seconds(estimate_ns / 1e9)}) do not fit any bubble "
-                   f"(longest {format_seconds(longest_ns / 1e9)})")
+            why = _fits_none(estimate_ns, longest_ns)
             log.info("task %s %s", task_id, why)
             self._table.set_reason(rec, why)
         elif rec.reason.startswith(_FITS_NONE):

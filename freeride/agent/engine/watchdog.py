@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from freeride.agent.config import AgentConfig
+from freeride.agent.config import WorkerConfig
 from freeride.agent.control.scheduler import Scheduler
 from freeride.agent.domain.background import Background
 from freeride.agent.domain.timers import CallLater, TimerHandle
@@ -39,13 +39,16 @@ class TreeScan(Protocol):
 
 
 class MemoryWatchdog:
-    def __init__(self, config: AgentConfig, table: TaskTable, memory: MemoryGuard, scheduler: Scheduler,
+    def __init__(self, workers: WorkerConfig, table: TaskTable, memory: MemoryGuard, scheduler: Scheduler,
                  tracking: Callable[[], TreeScan], admit: Callable[[Callable[[], int | None]], None],
-                 call_later: CallLater, offload: Offload, space: SpaceWatch | None = None) -> None:
+                 call_later: CallLater, offload: Offload, space: SpaceWatch | None = None,
+                 memory_cap_restarts: int = 0) -> None:
         """`tracking`: a new scan of the workers' trees per tick; `admit(usable)`: start the waiting tasks that
         fit the budget just measured (the device's free memory may have grown without any event); `space`: the
-        state disk's free space, read on the same tick while a task waits for it (it too grows without an event)."""
-        self._cfg = config
+        state disk's free space, read on the same tick while a task waits for it (it too grows without an event);
+        `memory_cap_restarts`: restarts after memory_cap_exceeded before FAILED (--memory-cap-restarts)."""
+        self._cfg = workers
+        self._memory_cap_restarts = memory_cap_restarts
         self._table = table
         self._memory = memory
         self._scheduler = scheduler
@@ -135,7 +138,7 @@ class MemoryWatchdog:
             if cap and used > cap and not worker.kill_reason:
                 reason = f"memory_cap_exceeded: {used / 2**20:.0f} MiB in use, cap {cap / 2**20:.0f} MiB"
                 log.warning("task %s: %s; stopping its worker", task_id, reason)
-                worker.retryable = rec.restarts < self._cfg.memory_cap_restarts
+                worker.retryable = rec.restarts < self._memory_cap_restarts
                 worker.kill(reason)
         if admitting and self._table.waiting_count():
             self._admit(lambda: usable)

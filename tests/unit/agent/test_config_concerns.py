@@ -1,13 +1,16 @@
 """Each concern of the agent's configuration is a type of its own that checks itself (freeride.agent.config), and
-the components take their own concern: GpuControl.open the GPU layer's, the scheduler the workers'."""
+the components take their own concern: GpuControl.open the GPU layer's; the scheduler, the supervisor, its watchdog
+and the worker streams the workers'; a trainer's link the access settings."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from freeride.agent import config as config_module
 from freeride.agent.config import AccessConfig, AgentConfig, ConfigError, CpuConfig, StateConfig, WorkerConfig
 from freeride.agent.control.scheduler import SchedulerConfig
 from freeride.gpu.config import GpuConfig
@@ -84,3 +87,16 @@ def test_the_gpu_layer_opens_from_its_own_concern() -> None:
         assert gpu.gpu == 0 and gpu.mps is None  # MPS off: no daemon
     finally:
         gpu.close()
+
+
+IMPORTS_IT = re.compile(r"^\s*from freeride\.agent\.config import [^\n]*\bAgentConfig\b", re.MULTILINE)
+
+
+def test_only_the_agents_front_holds_the_whole_configuration() -> None:
+    """The wings' components take their own concern; the front (and the server that starts it) builds them from
+    the whole. A new component reaching for AgentConfig shows up here."""
+    agent = Path(config_module.__file__).parent
+    holders = sorted(str(p.relative_to(agent)) for wing in ("control", "domain", "edge", "engine", "procs", "state")
+                     for p in (agent / wing).glob("*.py") if IMPORTS_IT.search(p.read_text()))
+    assert holders == ["engine/front.py"]
+
