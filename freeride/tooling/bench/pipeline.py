@@ -256,16 +256,35 @@ def _device(cfg: PipelineConfig, rank: int) -> Any:
 def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | None = None) -> dict[str, Any]:
     if cfg.framework == "deepspeed":
         return run_rank_deepspeed(rank, world, cfg)
+    return run_rank_series(rank, world, [cfg], progress)[0]
+
+
+def run_rank_series(rank: int, world: int, cfgs: list[PipelineConfig],
+                    progress: IO[str] | None = None) -> list[dict[str, Any]]:
+    """Train each configuration in turn in one process group (torch only; the same world for all): a test of many
+    schedules pays torch's import and the group's start once. Each is seeded, built and instrumented afresh."""
+    import torch
+    import torch.distributed as dist
+
+    device = _device(cfgs[0], rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    results = []
+    for cfg in cfgs:
+        results.append(_train(rank, world, cfg, device, progress))
+        dist.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+def _train(rank: int, world: int, cfg: PipelineConfig, device: Any, progress: IO[str] | None) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
 
     from freeride.tooling.bench import lm
 
-    device = _device(cfg, rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
     # Ranks [d*P, (d+1)*P) form pipeline d; ranks with the same stage across pipelines form a DP group.
     replica, pp_rank = divmod(rank, cfg.stages)
@@ -342,11 +361,8 @@ def run_rank(rank: int, world: int, cfg: PipelineConfig, progress: IO[str] | Non
             progress.write(json.dumps({"iteration": it, "step_ms": step_ns[-1] / 1e6,
                                        "loss": losses[-1] if has_last else None}) + "\n")
             progress.flush()
-    result = _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path, step_cpu_ns,
-                     compute_ns)
-    dist.barrier()
-    dist.destroy_process_group()
-    return result
+    return _result(rank, stage_ids, losses, params, step_ns, inst, step_start_ns, reporter_path, step_cpu_ns,
+                   compute_ns)
 
 
 def free_port() -> int:
@@ -358,10 +374,13 @@ def free_port() -> int:
 class PipelineRun:
     """All ranks of one pipeline run as child processes (each in its own session: a terminal's
     Ctrl-C reaches only the parent, which stops them in order). The last rank writes one JSON line
-    per iteration to `progress` (a readable pipe end) when `watch` is set."""
+    per iteration to `progress` (a readable pipe end) when `watch` is set. `series`: more configurations the
+    ranks train after `cfg`, in the same processes (`launch_series`)."""
 
-    def __init__(self, cfg: PipelineConfig, out_dir: Path, watch: bool = False) -> None:
+    def __init__(self, cfg: PipelineConfig, out_dir: Path, watch: bool = False,
+                 series: tuple[PipelineConfig, ...] = ()) -> None:
         self.cfg = cfg
+        self._series = series
         self.out_dir = out_dir
         self.world = cfg.stages * cfg.data_parallel
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -392,7 +411,7 @@ class PipelineRun:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "freeride.tooling.bench.pipeline", "--rank", str(rank),
                      "--world", str(self.world),
-                     "--config", json.dumps(asdict(self.cfg)), "--out", str(self.out_dir / f"rank{rank}.json"),
+                     "--config", self._config_json(), "--out", str(self.out_dir / f"rank{rank}.json"),
                      *extra],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=fds,
                     start_new_session=True,
@@ -406,6 +425,11 @@ class PipelineRun:
         if read_fd >= 0:
             self.progress = os.fdopen(read_fd, "r")
         return self
+
+    def _config_json(self) -> str:
+        if not self._series:
+            return json.dumps(asdict(self.cfg))
+        return json.dumps([asdict(c) for c in (self.cfg, *self._series)])
 
     def iterations(self) -> Iterator[dict[str, Any]]:
         """The last rank's per-iteration lines, as they come, until it exits."""
@@ -471,6 +495,22 @@ def launch(cfg: PipelineConfig, out_dir: Path, timeout_s: float = 300.0) -> list
         return run.wait(timeout_s)
 
 
+def launch_series(cfgs: list[PipelineConfig], out_dir: Path, timeout_s: float = 300.0) -> list[list[dict[str, Any]]]:
+    """Train each configuration in turn, in one set of rank processes (torch's import and the process group paid
+    once); each configuration's result per rank (rank order). They must share what the processes are started with."""
+    first, *rest = cfgs
+    shared = ("stages", "data_parallel", "framework", "device", "socket_dir", "bubble_path", "cpus")
+    differ = sorted({k for c in rest for k in shared if getattr(c, k) != getattr(first, k)})
+    if first.framework != "torch" or differ:
+        raise ValueError(f"a series runs torch configurations that share {', '.join(shared)}; these differ: "
+                         f"{', '.join(differ) or 'framework'}")
+    if not rest:
+        return [launch(first, out_dir, timeout_s)]
+    with PipelineRun(first, out_dir, series=tuple(rest)) as run:
+        per_rank: list[Any] = run.wait(timeout_s)  # each rank's file: its list, one result per configuration
+    return [[ranks[i] for ranks in per_rank] for i in range(len(cfgs))]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="freeride-pipeline-rank")
     p.add_argument("--rank", type=int, required=True)
@@ -480,14 +520,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-fd", type=int, default=-1, help="write one JSON line per iteration here")
     ns = p.parse_args(argv)
     raw = json.loads(ns.config)
-    cfg = PipelineConfig(**{**raw, "cpus": tuple(raw.get("cpus", ()))})
+    cfgs = [PipelineConfig(**{**r, "cpus": tuple(r.get("cpus", ()))}) for r in (raw if isinstance(raw, list)
+                                                                                 else [raw])]
+    cfg = cfgs[0]
     if cfg.cpus:  # before torch starts its threads: they all inherit it
         os.sched_setaffinity(0, {cfg.cpus[ns.rank % len(cfg.cpus)]})
     # SIGTERM from the parent: leave through KeyboardInterrupt, as on Ctrl-C, without a traceback.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     progress = os.fdopen(ns.progress_fd, "w") if ns.progress_fd >= 0 else None
     try:
-        result = run_rank(ns.rank, ns.world, cfg, progress)
+        result: Any = (run_rank(ns.rank, ns.world, cfg, progress) if not isinstance(raw, list)
+                       else run_rank_series(ns.rank, ns.world, cfgs, progress))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

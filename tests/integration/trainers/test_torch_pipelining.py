@@ -7,12 +7,14 @@ theory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import statistics
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from support.agents import Agents
 from support.jitter import Jitter, judge
 
-from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch
+from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch, launch_series
 from freeride.tooling.trace import simulate_iteration
 from freeride.v1 import trainer_pb2
 
@@ -87,44 +89,92 @@ def ring_attachments(agents: Agents) -> list[int]:
     return [p.log_path.read_text(errors="replace").count("reports through shared memory") for p in agents.procs]
 
 
-# Every schedule on the default road (the shared-memory ring), and one on the gRPC stream.
-@pytest.mark.serial  # bubbles within 20% or 6 ms of theory, in real time
-@pytest.mark.parametrize("schedule,path", [*((s, "shm") for s in SCHEDULES), ("1F1B", "grpc")])
-def test_every_schedule_reports_every_bubble_of_every_rank(
-    schedule: str, path: str, shared_agents: Agents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    agents = shared_agents
-    monkeypatch.setenv("FREERIDE_BUBBLE_PATH", "auto" if path == "shm" else "grpc")  # the ranks inherit it
+def pipeline(schedule: str, agents: Agents) -> PipelineConfig:
+    m = 2 * P if schedule == "DualPipeV" else M  # DualPipeV needs a micro-batch per stage
+    return PipelineConfig(schedule=schedule, stages=P, microbatches=m, forward_ms=F_MS, backward_ms=B_MS,
+                          iterations=6, instrument=True, socket_dir=str(agents.socket_dir))
+
+
+@dataclass
+class Trained:
+    """One launch's results per schedule (each rank's, rank order), with what its agents saw meanwhile: bubbles
+    counted, trainer streams moved onto a ring."""
+
+    results: dict[str, list[dict[str, Any]]]
+    bubbles_seen: list[int]
+    rings: list[int]
+
+
+def train(schedules: list[str], path: str, agents: Agents, out: Path) -> Trained:
+    """Every schedule in turn in one set of rank processes (torch and gloo started once), on the road asked for."""
     attached_before = ring_attachments(agents)
     seen_before = [c.stats().gpu.bubbles for c in agents.clients]
-    m = 2 * P if schedule == "DualPipeV" else M  # DualPipeV needs a micro-batch per stage
-    cfg = PipelineConfig(schedule=schedule, stages=P, microbatches=m, forward_ms=F_MS, backward_ms=B_MS,
-                         iterations=6, instrument=True, socket_dir=str(agents.socket_dir))
-    results = launch(cfg, tmp_path / "run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FREERIDE_BUBBLE_PATH", "auto" if path == "shm" else "grpc")  # the ranks inherit it
+        runs = launch_series([pipeline(s, agents) for s in schedules], out)
+    return Trained(dict(zip(schedules, runs, strict=True)),
+                   [c.stats().gpu.bubbles - b for c, b in zip(agents.clients, seen_before, strict=True)],
+                   [a - b for a, b in zip(ring_attachments(agents), attached_before, strict=True)])
+
+
+def reported(results: list[dict[str, Any]], rank: int) -> int:
+    """What a rank's reporter sent its agent (BETWEEN_STEPS edges are counted as events only)."""
+    return sum(b["reported"] for v in per_iteration(results[rank]).values() for b in v)
+
+
+@pytest.fixture(scope="module")
+def every_schedule(shared_agents: Agents, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """Every schedule on the default road (the shared-memory ring), one after the other in one launch."""
+    return train(list(SCHEDULES), "shm", shared_agents, tmp_path_factory.mktemp("schedules"))
+
+
+@pytest.mark.serial  # bubbles within 20% or 6 ms of theory, in real time
+def test_each_rank_reported_every_bubble_to_its_agent_on_the_road_asked_for(
+    every_schedule: Trained, shared_agents: Agents, tmp_path: Path
+) -> None:
+    """The agents counted what the ranks sent, and each stage's reporter of each schedule took a ring; the gRPC road
+    alike, with no ring."""
+    for road, trained in (("shm", every_schedule), ("grpc", train(["1F1B"], "grpc", shared_agents, tmp_path))):
+        for r in range(P):
+            assert trained.bubbles_seen[r] == sum(reported(res, r) for res in trained.results.values()), (road, r)
+            assert shared_agents.clients[r].stats().gpu.rejected_events == 0
+        # one ring per stage's reporter (a reporter per schedule), or none
+        if road == "shm":
+            assert all(n >= len(trained.results) for n in trained.rings), trained.rings
+        else:
+            assert trained.rings == [0] * P, trained.rings
+
+
+@pytest.mark.serial  # bubbles within 20% or 6 ms of theory, in real time
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_reports_every_bubble_of_every_rank(schedule: str, every_schedule: Trained) -> None:
+    results = every_schedule.results[schedule]
+    m = 2 * P if schedule == "DualPipeV" else M
+    iterations = len(results[0]["step_ms"])
     stages_per_rank = 1 if schedule in SINGLE else 2
     compute_ms = m * (F_MS + B_MS) * stages_per_rank
     # How much longer than asked the sleeps took (each overshoots by a wake-up: a few ms on a loaded runner): a
     # bubble spans other ranks' compute, so the theory's F and B are stretched by it.
     stretch = statistics.median(res["compute_ms"][it] / compute_ms for res in results
-                                for it in range(2, cfg.iterations))
+                                for it in range(2, iterations))
     # The machine's own jitter in this run (each rank's sleeps: F and B per micro-batch and stage): what the
     # timing checks below are judged against. The checks of what was reported are asserted whatever the load.
     sleeps = 2 * m * stages_per_rank
     jitter = Jitter.of_slices((res["compute_ms"][it], compute_ms, sleeps) for res in results
-                              for it in range(2, cfg.iterations))
+                              for it in range(2, iterations))
     timing: list[str] = []
     for r, res in enumerate(results):
         iters = per_iteration(res)
         assert res["reporter_dropped"] == 0
         # The same waits, in the same order, every iteration after the first (which sets up the pipeline).
-        shapes = {it: [(b["slot"], b["kind"]) for b in iters[it]] for it in range(1, cfg.iterations)}
+        shapes = {it: [(b["slot"], b["kind"]) for b in iters[it]] for it in range(1, iterations)}
         assert len({tuple(s) for s in shapes.values()}) == 1, f"rank {r}: waits differ between iterations"
         assert [slot for slot, _ in shapes[1]] == list(range(len(shapes[1])))
         # The bubbles account for the time the rank did not compute (loosely: Python overhead under
         # load is neither; the exact per-bubble check is below, for the schedules with a model). Medians
         # over the steady iterations, so one step stretched by a busy 2-core runner does not decide. The
         # compute is what the sleeps really took: each overshoots by a wake-up, a few ms on a loaded runner.
-        steady = range(2, cfg.iterations)
+        steady = range(2, iterations)
         assert all(res["compute_ms"][it] >= 0.99 * compute_ms for it in steady), (r, res["compute_ms"], compute_ms)
         unaccounted = statistics.median(res["step_ms"][it] - res["compute_ms"][it] - sum(map(ms, iters[it]))
                                         for it in steady)
@@ -139,17 +189,7 @@ def test_every_schedule_reports_every_bubble_of_every_rank(
             if not implied_bubbles_found(typical, expected):
                 timing.append(f"rank {r}: bubbles {[round(x, 1) for x in typical]} ms, theory "
                               f"{[round(x, 1) for x in expected]} ms")
-        # The agent of this rank saw every bubble (BETWEEN_STEPS edges are counted as events only).
-        reported = sum(b["reported"] for v in iters.values() for b in v)
-        gpu = agents.clients[r].stats().gpu
-        assert gpu.bubbles - seen_before[r] == reported
-        assert gpu.rejected_events == 0
-    # Each rank's stream took the road asked for: one ring per stage's reporter, or none.
-    attached = [a - b for a, b in zip(ring_attachments(agents), attached_before, strict=True)]
-    if path == "shm":
-        assert all(n >= 1 for n in attached), attached
-    else:
-        assert attached == [0] * len(attached)
+        assert res["reporter_path"] == "shm"  # this schedule's own reporter took the ring
     judge(timing, jitter, "bubble lengths against theory (20 % or 6 ms)")
 
 
@@ -191,19 +231,16 @@ def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, ag
 
 
 def test_training_computes_the_same_with_without_and_when_the_agents_are_killed(tmp_path: Path) -> None:
-    base = PipelineConfig(schedule="1F1B", stages=P, microbatches=M, forward_ms=5.0, backward_ms=10.0, iterations=12)
-    plain = launch(base, tmp_path / "plain")
     agents = Agents(tmp_path / "sockets").start()
     try:
-        instrumented = launch(
-            PipelineConfig(**{**base.__dict__, "instrument": True, "socket_dir": str(agents.socket_dir)}),
-            tmp_path / "instrumented",
-        )
+        base = PipelineConfig(schedule="1F1B", stages=P, microbatches=M, forward_ms=5.0, backward_ms=10.0,
+                              iterations=12, socket_dir=str(agents.socket_dir))
+        # Plain, then instrumented, in the same rank processes (each seeded and built afresh)
+        plain, instrumented = launch_series([base, dataclasses.replace(base, instrument=True)], tmp_path / "both")
         # Again, and kill -9 every agent once side tasks run in the bubbles: training must not notice.
         run: dict[str, Any] = {}
         trainer = threading.Thread(target=lambda: run.update(results=launch(
-            PipelineConfig(**{**base.__dict__, "instrument": True, "socket_dir": str(agents.socket_dir)}),
-            tmp_path / "killed",
+            dataclasses.replace(base, instrument=True), tmp_path / "killed",
         )))
         before = [len(c.windows) for c in agents.collectors]
         trainer.start()
