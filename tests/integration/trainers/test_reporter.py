@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.agents import FAST, bubbles, spec
+from support.jitter import assert_within
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, replay, wait_for_info, wait_for_task
@@ -67,7 +68,7 @@ def test_with_no_agent_calls_are_sub_millisecond_never_raise_and_are_counted_as_
         durations = timed_calls(reporter, CALLS)
         with reporter.bubble(0):
             pass
-        assert p99(durations) < 1e-3, f"p99 {p99(durations) * 1e6:.0f} us"
+        assert_within(p99(durations) * 1e3, 1.0, "p99 of a call with no agent")
         assert reporter.dropped == 2 * CALLS + 2
         assert reporter.sent == 0
         assert not reporter.wait_connected(0)
@@ -115,7 +116,8 @@ def test_when_the_agent_dies_calls_stay_fast_and_the_reporter_reconnects_to_its_
             durations += timed_calls(reporter, 10)
         assert reporter.dropped > dropped, "the reporter did not notice the agent died"
         durations += timed_calls(reporter, CALLS)
-        assert p99(durations) < 1e-3 and max(durations) < 0.2, f"max {max(durations) * 1e3:.1f} ms"
+        assert_within(p99(durations) * 1e3, 1.0, "p99 of a call while the agent is gone")
+        assert_within(max(durations) * 1e3, 200.0, "the slowest call while the agent is gone")
 
         second = new_agent().start()  # same state dir and socket
         assert reporter.wait_connected(10), "reporter did not reconnect to the restarted agent"
@@ -153,8 +155,8 @@ def test_while_connected_each_start_and_end_costs_microseconds_in_the_training_t
     assert reporter.dropped == 0 and reporter.sent == 2 * CALLS  # every call took the connected path
     assert client.stats().gpu.events == 2 * CALLS
     for hook, durations in (("start", starts_ns), ("end", ends_ns)):
-        median_us = sorted(durations)[len(durations) // 2] / 1e3
-        assert median_us < 200, f"{hook}() median {median_us:.0f} us while connected"
+        median_ms = sorted(durations)[len(durations) // 2] / 1e6
+        assert_within(median_ms, 0.2, f"{hook}()'s median while connected")
 
 
 @pytest.mark.serial  # max of a call's time, measured
@@ -175,7 +177,8 @@ def test_sigterm_with_a_trainer_connected_ends_its_stream_cleanly_and_the_traine
         assert reporter.wait_path("", 10)
         dropped = reporter.dropped
         durations = timed_calls(reporter, 100)
-        assert reporter.dropped == dropped + 200 and max(durations) < 0.2
+        assert reporter.dropped == dropped + 200
+        assert_within(max(durations) * 1e3, 200.0, "the slowest call once the stream ended")
         successor = new_agent().start()
         assert reporter.wait_connected(10), "the reporter did not reconnect to the next agent"
         successor.stop()

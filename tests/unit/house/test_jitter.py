@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support.jitter import LOADED_OVERSHOOT_MS, Jitter, judge
+from support import jitter
+from support.jitter import LOADED_OVERSHOOT_MS, Jitter, assert_within, judge
 
 
 def test_the_overshoot_is_per_sleep_and_never_negative() -> None:
@@ -25,3 +26,20 @@ def test_a_loaded_machine_says_it_is_too_loaded_to_judge_with_the_figure() -> No
     with pytest.raises(pytest.skip.Exception, match=r"too loaded to judge bubbles: its sleeps overshot by 4\.00 ms"):
         judge(["rank 0: short"], Jitter((4.0,) * 10), "bubbles")
     assert Jitter((LOADED_OVERSHOOT_MS,) * 10).too_loaded is False  # the bound itself is still quiet
+
+
+def test_a_latency_within_its_limit_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jitter, "wakeup_overshoot_ms", lambda: pytest.fail("measured the machine for nothing"))
+    assert_within(0.5, 1.0, "a call")
+
+
+@pytest.mark.parametrize(("late_ms", "outcome", "words"), [
+    (3.0, pytest.skip.Exception, r"too loaded to judge a call: 2\.500 ms against 1 ms, while a 1 ms sleep wakes 3\.0"),
+    (0.1, pytest.fail.Exception, r"a call: 2\.500 ms, over 1 ms \(a 1 ms sleep wakes 0\.10 ms late"),
+])
+def test_a_latency_over_its_limit_skips_on_a_late_waking_machine_and_fails_on_a_prompt_one(
+    monkeypatch: pytest.MonkeyPatch, late_ms: float, outcome: type[BaseException], words: str
+) -> None:
+    monkeypatch.setattr(jitter, "wakeup_overshoot_ms", lambda: late_ms)
+    with pytest.raises(outcome, match=words):
+        assert_within(2.5, 1.0, "a call")
