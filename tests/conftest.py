@@ -19,6 +19,11 @@ from freeride.tooling.harness import AgentProcess
 # of workers, agents and pipelines on 2 cores, and workers at true low priority (the product's default, fix 59) would
 # starve the lifecycle tests. tests/unit/core/test_autogroup.py turns it back on.
 os.environ.setdefault("FREERIDE_WORKER_AUTOGROUP", "0")
+# Every agent the tests start checks a submitted task's import for up to the longest time allowed (40 s, not the
+# default 20): with the machine's load at twice its cores (the pool tests alone start eight agents and their
+# workers), importing torch for a shipped task took over 20 s, and a submit refused for the machine's speed says
+# nothing of the product. test_front_door gives its agent a short limit of its own, to test the limit itself.
+os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", "40")
 
 
 @pytest.fixture

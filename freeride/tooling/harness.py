@@ -23,6 +23,10 @@ from freeride.trainer.reporter import BubbleReporter
 from freeride.v1 import tasks_pb2
 
 T = TypeVar("T")
+# How long a wait for something an agent does may last before it is a failure. An event ends every wait at once, so
+# this costs nothing where things go right; it is generous for a machine loaded at twice its cores, where starting
+# a worker (an interpreter, freeride, the task's imports) took over 30 s.
+WAIT_S = 60.0
 
 
 class AgentProcess:
@@ -105,7 +109,7 @@ class AgentProcess:
 
 def wait_for(
     client: AgentClient, now: Callable[[], T | None], on_event: Callable[[tasks_pb2.AgentEvent], T | None],
-    timeout_s: float = 30.0,
+    timeout_s: float = WAIT_S,
 ) -> T | None:
     """The first non-None of `now()` (asked once subscribed, so nothing slips between) and `on_event`
     over the agent's event stream; None after `timeout_s`. Every wait in the tests is one of these."""
@@ -128,7 +132,7 @@ def wait_for(
 
 def wait_for_any(
     clients: Sequence[AgentClient], now: Callable[[], T | None],
-    on_event: Callable[[tasks_pb2.AgentEvent], T | None], timeout_s: float = 30.0,
+    on_event: Callable[[tasks_pb2.AgentEvent], T | None], timeout_s: float = WAIT_S,
 ) -> T | None:
     """`wait_for` over several agents' event streams at once: `now()` once every stream is subscribed, then
     `on_event` for each event of any of them, as it comes (a reader thread per stream hands them over)."""
@@ -168,7 +172,7 @@ def wait_for_any(
 
 
 def wait_for_info(
-    client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool], timeout_s: float = 30.0
+    client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool], timeout_s: float = WAIT_S
 ) -> tasks_pb2.TaskInfo:
     """Block until the task's info satisfies `ok` (a state, a reason, a restart count, ...)."""
 
@@ -188,7 +192,7 @@ def wait_for_info(
 
 
 def wait_for_task(
-    client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = 30.0
+    client: AgentClient, task_id: str, states: Iterable[int], timeout_s: float = WAIT_S
 ) -> tasks_pb2.TaskInfo:
     """Block until the task reaches one of `states`, driven by the agent's event stream."""
     wanted = set(states)
@@ -201,7 +205,7 @@ def wait_for_task(
                            f"{tasks_pb2.TaskState.Name(info.state)} {info.reason}") from None
 
 
-def wait_for_trainers(client: AgentClient, count: int, timeout_s: float = 30.0) -> tasks_pb2.StatsResponse:
+def wait_for_trainers(client: AgentClient, count: int, timeout_s: float = WAIT_S) -> tasks_pb2.StatsResponse:
     """Block until exactly `count` trainer streams are open (the agent announces each change)."""
 
     def now() -> tasks_pb2.StatsResponse | None:
@@ -242,7 +246,7 @@ class WindowCollector:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.windows) >= count, timeout_s)
 
-    def wait_for_all(self, client: AgentClient, timeout_s: float = 30.0) -> int:
+    def wait_for_all(self, client: AgentClient, timeout_s: float = WAIT_S) -> int:
         """Once every trainer stream has ended, block until every window the agent granted is
         accounted; the count. A busy machine may make the agent skip a bubble (a late edge, a
         widened margin), so the count comes from the agent, not from the trace. A window is accounted when its

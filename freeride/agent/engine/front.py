@@ -230,6 +230,7 @@ class Agent:
             raise InvalidStateError(f"task {task_id} is {rec.state.value}; only a live task can be paused")
         self.supervisor.stop(rec, TaskState.PAUSED)
         self.table.set_state(rec, TaskState.PAUSED, "paused by user")
+        await self._written()
         return rec
 
     async def cancel(self, task_id: str) -> TaskRecord:
@@ -238,6 +239,7 @@ class Agent:
             raise InvalidStateError(f"task {task_id} is already {rec.state.value}")
         self.supervisor.stop(rec, TaskState.CANCELLED)
         self.table.set_state(rec, TaskState.CANCELLED, "cancelled by user")
+        await self._written()
         return rec
 
     async def resume(self, task_id: str) -> TaskRecord:
@@ -249,7 +251,13 @@ class Agent:
             await asyncio.wait_for(worker.exited.wait(), timeout=self.config.shutdown_grace_s + 5)
         self.table.set_state(rec, TaskState.SUBMITTED, "resumed by user")
         await self.supervisor.start(rec)
+        await self._written()
         return rec
+
+    async def _written(self) -> None:
+        """The user's change is on disk before the answer says it is done: a kill -9 right after `freeride cancel`
+        must not bring the task back READY. (A write that fails is kept and retried by the store, which says so.)"""
+        await self.store.flush()
 
     async def delete(self, task_id: str) -> Removal:
         """Remove a finished task with its checkpoint and logs (`freeride rm`)."""

@@ -7,6 +7,7 @@ test_reporter.py, test_failures.py, test_lifecycle.py)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -23,6 +24,7 @@ from support.served import Served, served_agent
 
 import freeride
 from freeride.agent.domain.model import TaskRecord, TaskSpec, TaskState
+from freeride.agent.state.registry import Registry
 from freeride.core.ring import MAX_STANDS_FOR
 from freeride.errors import InvalidSpecError, InvalidStateError, TaskNotFoundError, TaskRefError
 from freeride.gpu.control import cpu_only
@@ -398,6 +400,35 @@ def test_a_bad_task_is_rejected_at_submit_and_nothing_is_created(served: Served)
         assert "priority" in str(err.value)
         assert client.list() == []
     assert served.launcher.workers == []  # nothing was started either
+
+
+@pytest.mark.parametrize(("action", "state"), [("cancel", TaskState.CANCELLED), ("pause", TaskState.PAUSED)])
+def test_a_cancel_or_a_pause_is_answered_only_once_it_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str, state: TaskState
+) -> None:
+    """A kill -9 right after `freeride cancel` answered must not bring the task back READY (seen under load: the
+    write of the new state was still queued on the database thread when the agent died)."""
+    writing, go = threading.Event(), threading.Event()
+    save = Registry.save
+
+    def held(self: Registry, recs: list[TaskRecord], *args: Any) -> None:
+        if any(r.state is state for r in recs):
+            writing.set()
+            assert go.wait(10)
+        save(self, recs, *args)
+
+    monkeypatch.setattr(Registry, "save", held)
+    with served_agent(tmp_path) as served, freeride.Client(served.target, timeout_s=10) as c, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        a_task(served)
+        answer = pool.submit(getattr(c, action), "7")
+        try:
+            assert writing.wait(10), "the new state was never written"
+            with pytest.raises(concurrent.futures.TimeoutError):
+                answer.result(timeout=1.0)  # no answer while its write is held
+        finally:
+            go.set()
+        assert answer.result(10).state == tasks_pb2.TaskState.Value(f"TASK_STATE_{state.name}")
 
 
 def test_cancel_is_final_and_later_actions_say_why_they_cannot_run(served: Served) -> None:
