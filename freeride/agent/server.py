@@ -249,10 +249,12 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
         # of a busy agent paused its loop ~40 ms (every bubble edge waiting behind it).
         gc.collect()
         gc.freeze()
+        stop = stop or asyncio.Event()
+        _stop_on_signals(stop)  # before anyone is told it serves: a SIGTERM from then on is an ordered shutdown
         for name in ("", *SERVICES):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("agent for GPU %d serving on unix:%s (state in %s)", config.gpu, sock, config.state_dir)
-        await _serve_until_stopped(config, sock, ready, stop or asyncio.Event())
+        await _serve_until_stopped(config, sock, ready, stop)
         _systemd.notify("STOPPING=1", "STATUS=stopping: checkpointing side tasks")
         await health.enter_graceful_shutdown()
         await bubble_servicer.close_streams()  # intake stops: trainers see their streams end with OK
@@ -263,8 +265,8 @@ async def serve(config: AgentConfig, ready: asyncio.Event | None = None, stop: a
     return code
 
 
-async def _serve_until_stopped(config: AgentConfig, sock: Path, ready: asyncio.Event | None,
-                               stop: asyncio.Event) -> None:
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM or SIGINT sets `stop` (an ordered shutdown); a second one exits at once."""
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
@@ -277,6 +279,10 @@ async def _serve_until_stopped(config: AgentConfig, sock: Path, ready: asyncio.E
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def _serve_until_stopped(config: AgentConfig, sock: Path, ready: asyncio.Event | None,
+                               stop: asyncio.Event) -> None:
     _systemd.notify("READY=1", f"STATUS=serving GPU {config.gpu} on unix:{sock}")  # after the signal handlers
     if ready is not None:
         ready.set()
