@@ -46,7 +46,7 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._new_session = new_session  # True: a terminal's Ctrl-C reaches the parent only, which stops it in order
 
-    def start(self, timeout_s: float = 20.0) -> AgentProcess:
+    def start(self, timeout_s: float = WAIT_S) -> AgentProcess:
         return self.spawn().wait_ready(timeout_s)
 
     def spawn(self) -> AgentProcess:
@@ -61,7 +61,7 @@ class AgentProcess:
             )
         return self
 
-    def wait_ready(self, timeout_s: float = 20.0) -> AgentProcess:
+    def wait_ready(self, timeout_s: float = WAIT_S) -> AgentProcess:
         assert self.proc is not None, "spawn() first"
         with AgentClient(self.target) as c:
             try:
