@@ -51,7 +51,7 @@ class BallastTask(IterativeTask):
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def setup(self) -> None:
-        self._ballast = _touched(self.nbytes)
+        self._ballast = touched(self.nbytes)
         n = self.nbytes
         hold = (f"import sys; b = bytearray({n}); b[::4096] = b'x' * len(range(0, {n}, 4096)); "
                 "sys.stdout.write('held\\n'); sys.stdout.flush(); sys.stdin.read()")
@@ -72,8 +72,9 @@ class BallastTask(IterativeTask):
             proc.wait()
 
 
-def _touched(nbytes: int) -> bytearray:
-    """`nbytes` of memory with every page written (resident, not a lazily mapped zero page)."""
+def touched(nbytes: int) -> bytearray:
+    """`nbytes` of memory with one byte of every page written: resident, not a lazily mapped zero page, at one
+    page fault a page (the synthetic tasks that hold or grow memory use it)."""
     buf = bytearray(nbytes)
     buf[::4096] = b"\x01" * len(range(0, nbytes, 4096))
     return buf

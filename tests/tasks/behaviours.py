@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride import ImperativeTask, IterativeTask, Unavailable
+from freeride.tooling.tasks import touched
 
 
 class Counter(IterativeTask):
@@ -116,9 +117,7 @@ class Hog(Counter):
 
     def step(self) -> None:
         super().step()
-        block = bytearray(self.step_bytes)
-        block[::4096] = b"x" * len(range(0, self.step_bytes, 4096))  # a byte a page written: resident, at a fault each
-        self.held.append(block)
+        self.held.append(touched(self.step_bytes))  # resident, at a page fault a page
 
 
 class ForkedIdle(Counter):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride import IterativeTask
+from freeride.tooling.tasks import touched
 
 _MiB = 2**20
 _ENV = ("CUDA_VISIBLE_DEVICES", "FREERIDE_DEVICE")  # beside CUDA_MPS_*: what the agent gave the worker
@@ -72,9 +73,7 @@ class GrowingHog(IterativeTask):
             tensor = self._torch.ones(size, dtype=self._torch.uint8, device=self._dev)
             self._torch.cuda.synchronize(self._dev)
             return tensor
-        block = bytearray(size)
-        block[::4096] = b"x" * len(range(0, size, 4096))  # one byte a page written: resident, at a page fault each
-        return block
+        return touched(size)
 
     def _write(self, error: str = "") -> None:
         if self.marker is None:
