@@ -12,6 +12,7 @@ import pytest
 from support.agents import FAST, Agents
 from support.redis_server import RedisServer, need_redis
 
+from freeride.agent.config import MAX_CHECK_TIMEOUT_S
 from freeride.client import AgentClient
 from freeride.errors import TaskRefError
 from freeride.tooling.harness import AgentProcess
@@ -24,7 +25,7 @@ os.environ.setdefault("FREERIDE_WORKER_AUTOGROUP", "0")
 # default 20): with the machine's load at twice its cores (the pool tests alone start eight agents and their
 # workers), importing torch for a shipped task took over 20 s, and a submit refused for the machine's speed says
 # nothing of the product. test_front_door gives its agent a short limit of its own, to test the limit itself.
-os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", "40")
+os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
 
 
 @pytest.hookimpl(wrapper=True)

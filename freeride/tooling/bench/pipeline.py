@@ -501,9 +501,11 @@ def launch_series(cfgs: list[PipelineConfig], out_dir: Path, timeout_s: float = 
     first, *rest = cfgs
     shared = ("stages", "data_parallel", "framework", "device", "socket_dir", "bubble_path", "cpus")
     differ = sorted({k for c in rest for k in shared if getattr(c, k) != getattr(first, k)})
-    if first.framework != "torch" or differ:
-        raise ValueError(f"a series runs torch configurations that share {', '.join(shared)}; these differ: "
-                         f"{', '.join(differ) or 'framework'}")
+    if first.framework != "torch":
+        raise ValueError(f"a series runs torch configurations, not {first.framework}")
+    if differ:
+        raise ValueError(f"a series runs configurations that share {', '.join(shared)}; these differ: "
+                         f"{', '.join(differ)}")
     if not rest:
         return [launch(first, out_dir, timeout_s)]
     with PipelineRun(first, out_dir, series=tuple(rest)) as run:

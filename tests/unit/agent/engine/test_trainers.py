@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from support.engine_fakes import FakeWindow
 
 from freeride.agent.control.scheduler import Scheduler, SchedulerConfig, TaskSlot
 from freeride.agent.domain.events import Edge, TrainerChanged, TrainerDeclaration
@@ -36,11 +37,6 @@ class Store:
 
     def mark_dirty(self, ids: set[str], ledger: bool = False) -> None:
         self.ledger_marks += int(ledger)
-
-
-class Port:
-    def grant(self, window_id: int, until_ns: int) -> None: ...
-    def revoke(self, window_id: int, until_ns: int) -> None: ...
 
 
 class World:
@@ -136,7 +132,7 @@ def test_the_rings_wake_the_agent_only_while_an_edge_can_lead_to_a_grant_or_an_a
 
 
 def test_an_edge_whose_free_memory_hint_changed_admits_a_waiting_task_and_others_do_not(w: World) -> None:
-    w.scheduler.add_task(TaskSlot("1", 0, Port(), Counters()))
+    w.scheduler.add_task(TaskSlot("1", 0, FakeWindow(), Counters()))
     w.table.runtime("2").waiting = "waiting for memory"
     w.trainers.edge(Edge(True, True, 0, 0, 0, w.now, free_memory_bytes=1 << 30))
     w.trainers.edge(Edge(False, True, 0, 0, 0, w.now + 10))
