@@ -9,9 +9,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from support.agents import BackgroundTrainer
+from support.agents import BackgroundTrainer, wait_gone
 from support.faults import ref
 
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
@@ -34,7 +33,7 @@ def test_a_task_cancelled_while_its_checkpoint_takes_seconds_ends_cancelled_with
     with WindowCollector(client) as windows, BackgroundTrainer(agent, [20.0]):
         assert windows.wait_until(_stepped(task.id), 20)
         assert client.cancel(task.id).state == S.TASK_STATE_CANCELLED
-        psutil.Process(ready.pid).wait(20)  # bubbles keep coming while it checkpoints
+        assert not wait_gone([ready.pid], 20)  # bubbles keep coming while it checkpoints
     info = client.get(task.id)
     assert info.state == S.TASK_STATE_CANCELLED and info.reason == "cancelled by user"
     assert info.counters.killed_steps == 0
@@ -99,7 +98,7 @@ def test_a_stop_during_a_periodic_checkpoint_waits_for_it_and_then_checkpoints_a
         # Bubbles came while it checkpoints (before the fix the first was granted to it, unanswered): now stop it.
         assert windows.wait_until(lambda ws: sum(w.bubble_start_ns > began for w in ws) >= 2, 20)
         state = getattr(client, stop)(task.id).state
-        psutil.Process(ready.pid).wait(20)  # bubbles keep coming while it checkpoints
+        assert not wait_gone([ready.pid], 20)  # bubbles keep coming while it checkpoints
     assert _read_until(fd, b"ebe", 5) == b"ebe"  # that checkpoint ended, then the stop's own one ran whole
     info = client.get(task.id)
     verb = {"cancel": "cancelled", "pause": "paused"}[stop]

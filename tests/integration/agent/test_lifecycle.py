@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import psutil
-from support.agents import FAST, BackgroundTrainer, bubbles, drive, spec
+from support.agents import FAST, BackgroundTrainer, bubbles, drive, spec, wait_gone
 
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
@@ -23,7 +23,7 @@ def test_pause_checkpoints_and_frees_the_worker_then_resume_continues_from_there
     drive(agent, bubbles(6, [20.0]))
     paused = client.pause(task.id)
     assert paused.state == S.TASK_STATE_PAUSED
-    psutil.Process(ready.pid).wait(10)  # the worker exits: its memory is given back
+    assert not wait_gone([ready.pid], 10)  # the worker exits: its memory is given back
     info = wait_for_info(client, task.id, lambda i: i.pid == 0)  # announced once the agent has reaped it
     assert info.checkpoint_steps == info.progress["count"] > 0
     client.resume(task.id)
@@ -53,7 +53,7 @@ def test_after_kill_9_every_task_comes_back_in_its_state_with_its_harvest(tmp_pa
             gpu_before = c.stats().gpu
             old_pid = before[running.id].pid
             agent.kill9()  # in the middle of the trainer's bubbles
-    psutil.Process(old_pid).wait(10)  # its worker noticed, checkpointed and left
+    assert not wait_gone([old_pid], 10)  # its worker noticed, checkpointed and left
     agent = AgentProcess(state_dir=state, extra_args=FAST).start()
     try:
         with agent.client() as c:
@@ -133,11 +133,11 @@ def test_pause_resume_and_cancel_reach_a_waiting_task_at_once(agent, client, tmp
     with BackgroundTrainer(agent, [20.0]):
         wait_for_info(client, task.id, _waiting)
         assert client.pause(task.id).state == S.TASK_STATE_PAUSED
-        psutil.Process(pid).wait(10)  # at once: not after its 600 s backoff
+        assert not wait_gone([pid], 10)  # at once: not after its 600 s backoff
         client.resume(task.id)
         pid = wait_for_info(client, task.id, _waiting).pid  # the new worker's first step finds it down again
         assert client.cancel(task.id).state == S.TASK_STATE_CANCELLED
-        psutil.Process(pid).wait(10)
+        assert not wait_gone([pid], 10)
     assert client.get(task.id).state == S.TASK_STATE_CANCELLED
 
 
