@@ -126,10 +126,12 @@ def main() -> int:
             say(f"{name}: {' '.join(cmd[3:])}")
             started = time.monotonic()
             path = raw / f"{name}.json"
+            log.flush()
+            said_from = log.tell()  # where this bench's stderr starts in plan.log
             # The budget decides whether a configuration starts; once started it has its own limit (a budget
             # nearly spent must not kill one that would finish: the third call of 2026-11-28 lost F that way).
             code = _run(cmd, timeout=ns.config_timeout_s, log=log, stdout=path)
-            row = _row(path, code, time.monotonic() - started)
+            row = _row(path, code, time.monotonic() - started, _last_line(out / "plan.log", said_from))
             ran += 1
             say(f"{name}: {row.get('verdict') or row.get('error')} ({row['elapsed_s']} s)")
         summary["configs"][name] = row
@@ -143,15 +145,24 @@ def main() -> int:
     return 0
 
 
-def _row(path: Path, code: int, elapsed: float) -> dict[str, Any]:
+def _row(path: Path, code: int, elapsed: float, said: str = "") -> dict[str, Any]:
+    """A configuration's summary row; without the bench's JSON, an error with the last line the bench said."""
     row: dict[str, Any] = {"exit": code, "elapsed_s": round(elapsed, 1)}
     try:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        row["error"] = f"no JSON from the bench (exit {code}): {type(exc).__name__}: {exc}"
+        row["error"] = f"no JSON from the bench (exit {code}): {said or f'{type(exc).__name__}: {exc}'}"
         return row
     row.update({k: result[k] for k in KEEP if k in result})
     return row
+
+
+def _last_line(log: Path, start: int) -> str:
+    """The last non-blank line written to `log` after byte `start` (the bench's stderr: its one-line error)."""
+    with log.open("rb") as f:
+        f.seek(start)
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _run(cmd: list[str], timeout: float, log: Any, stdout: Path | None = None) -> int:

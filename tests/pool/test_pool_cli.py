@@ -7,7 +7,6 @@ one line on stderr, never a traceback and never the password.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from support.cli import run_freeride
+from support.cli import clean_env, run_freeride
 from support.redis_server import RedisServer
 
 from freeride.pool import DEFAULT_LEASE_S, DEFAULT_MAX_TRIES, Pool, parse_pool_url
@@ -25,9 +24,7 @@ PASSWORD = "s3cret-Pa55"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_") and k != "COLUMNS"}
-    env.update(extra)
-    return env
+    return clean_env(columns=None, **extra)
 
 
 def freeride(*args: object, stdin: str | None = None, env: dict[str, str] | None = None,

@@ -10,11 +10,18 @@ from pathlib import Path
 
 from support.paths import REPO
 
+# The suite's own settings (tests/conftest.py) a cleaned environment keeps: without them an agent started from it
+# runs its workers at true low priority, which starved a worker's start past 60 s at twice the cores' load.
+SUITE_SETTINGS = ("FREERIDE_WORKER_AUTOGROUP", "FREERIDE_CHECK_TIMEOUT_S")
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without FREERIDE_* settings, and wide enough that tables do not wrap."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
-    env["COLUMNS"] = "250"
+
+def clean_env(columns: str | None = "250", **extra: str) -> dict[str, str]:
+    """The caller's environment without FREERIDE_* settings (but the suite's own), and `columns` wide (None: the
+    caller's COLUMNS dropped), so that tables do not wrap."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_") or k in SUITE_SETTINGS}
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = columns
     env.update(extra)
     return env
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.agents import FAST, free_port, spec
+from support.cli import clean_env
 
 from freeride.client import AgentClient
 from freeride.errors import AgentCallError, InvalidSpecError
@@ -161,7 +162,7 @@ def _start_fails(tmp_path: Path, *args: str) -> str:
         [sys.executable, "-m", "freeride", "agent", "--state-dir", str(tmp_path / "s"),
          "--socket", str(tmp_path / "a.sock"), *args],
         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")},
+        env=clean_env(),
     )
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, res.stderr

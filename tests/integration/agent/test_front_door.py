@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 from support.agents import wait_gone
+from support.cli import clean_env
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
+    return clean_env(columns=None)
 
 
 def _agent(sock: Path, state: Path, *extra: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

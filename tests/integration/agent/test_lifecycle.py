@@ -44,8 +44,8 @@ def test_after_kill_9_every_task_comes_back_in_its_state_with_its_harvest(tmp_pa
         done = c.submit(spec("Counter", step_ms=1, steps=10))
         for t in (running, paused, done):
             wait_for_task(c, t.id, [S.TASK_STATE_READY])
-        drive(agent, bubbles(8, [20.0, 20.0]))
-        wait_for_task(c, done.id, [S.TASK_STATE_DONE])
+        with BackgroundTrainer(agent, [20.0, 20.0]):  # until it is done: a loaded machine fits fewer steps a bubble
+            wait_for_task(c, done.id, [S.TASK_STATE_DONE])
         c.pause(paused.id)
         c.cancel(c.submit(spec("Counter")).id)
         with BackgroundTrainer(agent, [20.0]):

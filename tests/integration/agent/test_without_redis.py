@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.agents import FAST, spec
+from support.cli import clean_env
 from support.paths import REPO
 
 from freeride.pool.driver import NEEDS_REDIS
@@ -31,7 +32,7 @@ def no_redis(tmp_path: Path) -> dict[str, str]:
     block = tmp_path / "no-redis"
     block.mkdir()
     (block / "sitecustomize.py").write_text("import sys\nsys.modules['redis'] = None  # import redis: ImportError\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
+    env = clean_env(columns=None)
     env["PYTHONPATH"] = os.pathsep.join([str(block), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.cli import clean_env
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # On a CPU one stage per core (the demo's stand-in for one GPU per stage), four at most.
@@ -45,8 +46,7 @@ class Demo:
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.mark = uuid.uuid4().hex
         self.out = tmp_path / "out"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FREERIDE_")}
-        env.update(FREERIDE_TEST_MARK=self.mark, COLUMNS="200", PYTHONUNBUFFERED="1")
+        env = clean_env(columns="200", FREERIDE_TEST_MARK=self.mark, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             # One side task per stage (not every task on every stage): the same code paths, half the start-up.
             # Workers at normal CPU priority: on a loaded CI runner, low-priority ones may get no CPU at all.
