@@ -26,20 +26,23 @@ setup() {
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+        # --no-compile: no bytecode for every file of torch, DeepSpeed and transformers at install (40 of the 110 s
+        # this took); the modules a run imports are compiled then, once (about a second in all).
+        local pip=("$VENV/bin/python" -m pip install --quiet --no-compile)
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
         # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
         if [ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
                 != "${TORCH_VERSION%%+*}" ]; then
             echo "==> installing torch==$TORCH_VERSION into $VENV" >&2
-            "$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" >&2
+            "${pip[@]}" "torch==$TORCH_VERSION" >&2
         fi
         # DeepSpeed builds against the torch just installed (no isolated build env, which would
         # fetch another torch); its tests run its pipeline engine on CPU with gloo.
-        "$VENV/bin/python" -m pip install --quiet --no-build-isolation "deepspeed==0.19.8" >&2
-        "$VENV/bin/python" -m pip install --quiet -e ".[dev]" >&2
+        "${pip[@]}" --no-build-isolation "deepspeed==0.19.8" >&2
+        "${pip[@]}" -e ".[dev]" >&2
         # Megatron-Core requires only torch, numpy and packaging, all installed by now: --no-deps installs the one
         # wheel. Its real-schedule tests fail in CI without it, and skip (saying why) elsewhere.
-        if "$VENV/bin/python" -m pip install --quiet --no-deps "$MEGATRON_CORE" >&2; then
+        if "${pip[@]}" --no-deps "$MEGATRON_CORE" >&2; then
             echo "$want" > "$stamp"
         else  # no stamp: the next run tries again
             echo "could not install $MEGATRON_CORE: tests/integration/trainers/test_megatron_schedules.py is skipped" >&2
@@ -96,13 +99,14 @@ case "$cmd" in
         "$VENV/bin/mypy"
         echo "==> import contracts (pyproject.toml [tool.importlinter])" >&2
         "$VENV/bin/lint-imports"
-        # Two runs: most tests wait on subprocesses, so they share the cores on two xdist workers; the ones
+        # Two runs: most tests wait on subprocesses (agents, workers, trainers' bubbles), so they share the cores on
+        # three xdist workers (two kept the 2-core runner 70 % busy: 588 s; three, 74 %: 492 s); the ones
         # marked serial (they assert measured latencies, efficiencies, slowdowns) run after, alone. The second
         # runs even when the first failed, so every failure is seen. With -k or a path one of them may select
         # nothing (exit 5): a failure only when both do.
-        echo "==> pytest: the tests not marked serial, on two workers" >&2
+        echo "==> pytest: the tests not marked serial, on three workers" >&2
         set +e
-        "$VENV/bin/python" -m pytest -m "not serial" -n 2 "$@"
+        "$VENV/bin/python" -m pytest -m "not serial" -n 3 "$@"
         parallel=$?
         echo "==> pytest: the tests marked serial, alone" >&2
         "$VENV/bin/python" -m pytest -m serial "$@"
