@@ -26,9 +26,10 @@ setup() {
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-        # --no-compile: no bytecode for every file of torch, DeepSpeed and transformers at install (40 of the 110 s
-        # this took); the modules a run imports are compiled then, once (about a second in all).
-        local pip=("$VENV/bin/python" -m pip install --quiet --no-compile)
+        # Bytecode compiled at install, though it is 40 of the 110 s this takes: where PYTHONDONTWRITEBYTECODE is set
+        # (CI sets it) a venv installed with --no-compile recompiles torch at every import (2 s became 5), in every
+        # agent, worker and rank the tests start (the parallel phase went from 492 s to 842).
+        local pip=("$VENV/bin/python" -m pip install --quiet)
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
         # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
         if [ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
