@@ -27,8 +27,8 @@ setup() {
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
         # Bytecode compiled at install, though it is 40 of the 110 s this takes: where PYTHONDONTWRITEBYTECODE is set
-        # (CI sets it) a venv installed with --no-compile recompiles torch at every import (2 s became 5), in every
-        # agent, worker and rank the tests start (the parallel phase went from 492 s to 842).
+        # (as on this machine) a venv installed with --no-compile recompiles torch at every import (2 s became 5),
+        # in every agent, worker and rank the tests start (the parallel phase went from 492 s to 842).
         local pip=("$VENV/bin/python" -m pip install --quiet)
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
         # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
@@ -50,7 +50,7 @@ setup() {
         fi
     fi
     # freeride's own bytecode, written once (about a second; nothing where it is current): where
-    # PYTHONDONTWRITEBYTECODE is set, as here and in CI, every agent, worker and CLI process the tests start would
+    # PYTHONDONTWRITEBYTECODE is set, as on this machine, every agent, worker and CLI process the tests start would
     # compile the package again (0.6 s an agent's import against 0.4).
     "$VENV/bin/python" -m compileall -q freeride sidetasks tests tools >/dev/null
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import SUITE_SETTINGS
+from support.cli import clean_env
 from support.deploy_files import DEPLOY, REPO
 
 from freeride.client import AgentClient
@@ -43,8 +43,7 @@ def _slurm_env(root: Path, job_id: str, gpus: str, freeride_bin: Path | None = N
         freeride_bin = root / "freeride"
         freeride_bin.write_text(f'#!/bin/sh\nexec {sys.executable} -m freeride "$@"\n')
         freeride_bin.chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "FREERIDE_", "CUDA_")) or k in SUITE_SETTINGS}
+    env = {k: v for k, v in clean_env(columns=None).items() if not k.startswith(("SLURM_", "CUDA_"))}
     return env | {
         "SLURM_JOB_ID": job_id, "SLURM_JOB_GPUS": gpus, "SLURM_JOB_UID": str(os.getuid()),
         "SLURM_JOB_GID": str(os.getgid()), "SLURM_JOB_USER": "tester",

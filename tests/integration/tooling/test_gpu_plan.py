@@ -34,7 +34,6 @@ def test_the_plan_rehearses_on_a_cpu_and_returns_what_finished(tmp_path: Path) -
     for gpu_only in ("A0-mps-wall-matmul-uncapped", "B-mps-gpu-matmul"):
         assert configs[gpu_only]["skipped"].startswith("needs CUDA")
     starved = []  # configurations the machine gave no side step to measure (said at the end, not failed on)
-    measured = []
     for name in ("A-mps-wall-matmul", "T2-mps-wall-pagerank"):
         row = configs[name]
         load = os.getloadavg()[0]
@@ -42,17 +41,17 @@ def test_the_plan_rehearses_on_a_cpu_and_returns_what_finished(tmp_path: Path) -
             starved.append(f"{name}: {row['error']} (load {load:.1f})")  # the bench's one line, kept
             continue
         assert row["exit"] == 0, (name, row)
-        measured.append(name)
         assert set(row["slowdown_interval"]) == {"median", "low", "high", "n"}
         assert row["verdict"]
         if row["side_steps"] == 0 or row["solo_steps"] == 0:
             starved.append(f"{name}: {row['side_steps']} side and {row['solo_steps']} solo steps, {row['verdict']}")
             continue
         assert row["idle_step_ms"] > 0 and row["useful_harvest"] > 0
+    if configs["A-mps-wall-matmul"]["exit"] != 0:  # refused for the load (any other exit failed above)
+        pytest.skip("this machine is too loaded to run the rehearsal: " + "; ".join(starved))
     with tarfile.open(out / "plan.tar.gz") as tar:
         names = sorted(tar.getnames())
         assert names == ["A-mps-wall-matmul.json", "T2-mps-wall-pagerank.json"]  # each run's stdout, even empty
-        assert "A-mps-wall-matmul" in measured
         full = json.load(tar.extractfile("A-mps-wall-matmul.json"))  # type: ignore[arg-type]
     run = full["runs"][0]  # the summary at the top; each configuration's rows in its run
     rows = run["rows"]
