@@ -893,3 +893,22 @@ def test_a_probe_that_finds_the_steps_shorter_makes_the_agent_listen_again() -> 
     h.sched.tasks["big"].window_id = 99
     h.done("big", 99, step_estimate_ns=1 * MS)
     assert h.sched.wants_edges is True
+
+
+def test_a_task_that_finishes_inside_a_window_keeps_the_agent_listening_until_that_windows_end_is_accounted(
+        h: Harness) -> None:
+    """Its worker's Finished comes before the bubble's END: the last window's steps are counted at that END, which a
+    quiet agent would read only when the trainer next writes its held edges (a task shown DONE with steps missing)."""
+    port = h.add("a", step_estimate_ns=1 * MS)
+    t = h.learn()
+    h.start(t, iteration=2)
+    wid = granted_window(port)
+    h.steps("a", wid, (t + 100 * US, 1 * MS), (t + 1_200 * US, 1 * MS))
+    h.done("a", wid)
+    h.sched.remove_task("a")  # the task finished: no task left that could take a window
+    assert h.sched.wants_edges is True  # yet the window it ran in waits for this bubble's END
+    assert not h.accounts
+    h.end(t + LENGTH, iteration=2)
+    (books,) = h.accounts
+    assert books.per_task["a"].steps == 2
+    assert h.sched.wants_edges is False and h.demand[-1] == (False, True)  # then quiet: nothing left to hear
