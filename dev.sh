@@ -96,14 +96,26 @@ case "$cmd" in
         exec "$VENV/bin/freeride" demo "$@"
         ;;
     test)
+        # The Debian packages (apt) beside the Python ones (pip): each waits on its own downloads and unpacking.
+        tools_log=$(mktemp)
+        system_tools >"$tools_log" 2>&1 &
+        tools=$!
         setup
-        system_tools
-        echo "==> ruff" >&2
-        "$VENV/bin/ruff" check freeride sidetasks tests tools
-        echo "==> mypy" >&2
-        "$VENV/bin/mypy"
-        echo "==> import contracts (pyproject.toml [tool.importlinter])" >&2
-        "$VENV/bin/lint-imports"
+        wait "$tools" || true  # (it says what it could not install, and the tests that need it skip)
+        cat "$tools_log" >&2
+        rm -f "$tools_log"
+        # The linters run beside the first pytest run, which leaves a third of the two cores idle (its tests mostly
+        # wait on the processes they start); what they print comes after that run, and any finding fails the command.
+        echo "==> ruff, mypy and the import contracts (pyproject.toml [tool.importlinter]), beside the tests" >&2
+        lint_log=$(mktemp)
+        (
+            code=0
+            "$VENV/bin/ruff" check freeride sidetasks tests tools || code=1
+            "$VENV/bin/mypy" || code=1
+            "$VENV/bin/lint-imports" || code=1
+            exit "$code"
+        ) >"$lint_log" 2>&1 &
+        linters=$!
         # Two runs: most tests wait on subprocesses (agents, workers, trainers' bubbles), so they share the cores on
         # two xdist workers (three were not reliably faster: 492 s once, 684 s from a clean clone, against 524-588 s
         # on two, and loaded the 2-core runner to 8); the ones
@@ -114,10 +126,16 @@ case "$cmd" in
         set +e
         "$VENV/bin/python" -m pytest -m "not serial" -n 2 "$@"
         parallel=$?
+        wait "$linters"
+        lint=$?
+        echo "==> ruff, mypy and the import contracts said:" >&2
+        cat "$lint_log"
+        rm -f "$lint_log"
         echo "==> pytest: the tests marked serial, alone" >&2
         "$VENV/bin/python" -m pytest -m serial "$@"
         serial=$?
         set -e
+        [ "$lint" -eq 0 ] || { echo "ruff, mypy or the import contracts found something (above)" >&2; exit 1; }
         if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then
             echo "pytest collected no tests: that is a failure here" >&2
             exit 1

@@ -41,9 +41,9 @@ def check_directory(model: str) -> None:
         raise ValueError(f"model={model}: no config.json in it (a local Hugging Face model directory has one)")
     if importlib.util.find_spec("transformers") is None:
         raise ValueError(f"model={model} is a Hugging Face directory, but transformers is not installed in the "
-                         f"Python that runs the freeride agent ({sys.executable}; the task's worker runs in it): "
-                         f"install it there ({sys.executable} -m pip install 'freeride[hf]' or 'transformers>=4.57') "
-                         "and restart the agent")
+                         f"Python that runs this task ({sys.executable}: the agent's own, or the one given to "
+                         f"`submit --python`): install it there ({sys.executable} -m pip install 'freeride[hf]' or "
+                         "'transformers>=4.57'), or submit with --python naming a Python that has it")
 
 
 def has_tokenizer(model: str) -> bool:

@@ -199,14 +199,15 @@ def test_evaluate_scores_the_models_own_state_dict_with_the_loss_transformers_co
     assert line["loss"] == pytest.approx(direct, rel=1e-5)
 
 
-def test_without_transformers_the_submit_says_the_agents_environment_needs_it(
+def test_without_transformers_the_submit_says_the_tasks_python_needs_it(
     tmp_path: Path, saved: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory, _ = saved
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "transformers" else object())
-    with pytest.raises(ValueError, match="not installed in the Python that runs the freeride agent") as exc:
+    with pytest.raises(ValueError, match="not installed in the Python that runs this task") as exc:
         check_directory(str(directory))
-    assert sys.executable in str(exc.value) and "restart the agent" in str(exc.value)
+    # the check runs in the task's Python (the agent's, or --python's): that one is named, with both ways out
+    assert sys.executable in str(exc.value) and "pip install" in str(exc.value) and "--python" in str(exc.value)
 
 
 def test_a_model_whose_cache_keeps_a_sliding_window_is_refused_at_setup_in_one_line(tmp_path: Path) -> None:

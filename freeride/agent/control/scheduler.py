@@ -164,13 +164,8 @@ class Scheduler:
 
     # -- demand ----------------------------------------------------------------------------------
     def _update_demand(self) -> None:
-        """Recompute `wants_edges` after a task came, went, stopped, gave a window back or was found to fit no
-        bubble, and after a bubble longer than any before.
-
-        Edges are wanted while some task could take a window (slots.could_take_a_window), and while a window a task
-        ran in waits for its bubble's END to be accounted (the last window of a task that finished or went away:
-        its books close with that END, not whenever the trainer next writes its held edges); otherwise they only
-        feed the profile (bubble lengths, predictions), which may read them late."""
+        """Recompute `wants_edges`: wanted while a task could take a window (slots.could_take_a_window) or a window a
+        task ran in waits for its END (a finished task's last books); else edges only feed the profile, read late."""
         self._relisten = None
         wanted = (any(could_take_a_window(t, self.bubbles.longest_predicted_ns) for t in self.tasks.values())
                   or any(w.shares for w in self._windows.values()))
@@ -349,8 +344,8 @@ class Scheduler:
             self.usage.add(task_id, c.harvested_ns, now)
         self.gpu.add(books.total)
         self._on_account(books.record, books.per_task, books.total)
-        if w.shares and self.wants_edges:
-            self._update_demand()  # the edges may have been wanted only for this window's END
+        if w.shares and self.wants_edges:  # the edges may have been wanted for this END alone
+            self._update_demand()
 
     # -- history ---------------------------------------------------------------------------------
     def history(self, since_ns: int = 0,

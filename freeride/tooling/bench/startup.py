@@ -54,6 +54,16 @@ def _job(res: list[dict[str, Any]], key: str, part: slice) -> float:
     return statistics.mean(per_rank)
 
 
+def settings(text: str) -> tuple[str, ...]:
+    """`--startup-settings`: a comma-separated subset of SETTINGS, run in SETTINGS' order; ValueError otherwise."""
+    given = [word.strip() for word in text.split(",") if word.strip()]
+    unknown = sorted(set(given) - set(SETTINGS))
+    if unknown or not given:
+        raise ValueError(f"--startup-settings takes some of {', '.join(SETTINGS)}, comma-separated"
+                         + (f" (not {', '.join(unknown)})" if unknown else ""))
+    return tuple(s for s in SETTINGS if s in given)
+
+
 def _ratios(plain: list[float], inst: list[float]) -> dict[str, Any]:
     pairs = [i / p for p, i in zip(plain, inst, strict=True)]
     null = [b / a for a, b in itertools.pairwise(plain)]
@@ -67,7 +77,7 @@ def run(ns: argparse.Namespace, cfg: PipelineConfig, path: str) -> dict[str, Any
     cfg = dataclasses.replace(cfg, alternate=False, record=False, wait_connected=False)
     first, steady = slice(0, FIRST), slice(FIRST, None)
     out: dict[str, Any] = {}
-    for setting in SETTINGS:
+    for setting in ns.startup_settings:
         with tempfile.TemporaryDirectory(prefix="freeride-bench-") as tmp:
             root = Path(tmp)
             job = dataclasses.replace(cfg, socket_dir=str(root))

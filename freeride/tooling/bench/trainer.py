@@ -71,6 +71,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="deepspeed: instead, N plain and N instrumented jobs of their own, alternated, with no "
                         "agent, an idle agent and an agent with a task that fits no bubble; the first 30 steps "
                         "and the steady state apart (freeride.tooling.bench.startup)")
+    p.add_argument("--startup-settings", default=",".join(startup.SETTINGS), metavar="LIST",
+                   help=f"--startup-runs: which of {', '.join(startup.SETTINGS)} to run (default: all, in that order)")
     p.add_argument("--startup-task-ms", type=float, default=50.0,
                    help="--startup-runs: the step of the task that fits none of the job's bubbles")
     p.add_argument("--cpus", metavar="LIST", help="pin rank r to the r-th of these CPUs (mod their count), e.g. 0,1")
@@ -92,6 +94,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         if ns.framework != "deepspeed" or ns.startup_runs < 2 or ns.iterations <= startup.FIRST:
             raise FreerideError(f"bench trainer: --startup-runs wants --framework deepspeed, 2 runs or more and "
                                 f"--iterations above {startup.FIRST}")
+        try:
+            ns.startup_settings = startup.settings(ns.startup_settings)
+        except ValueError as exc:
+            raise FreerideError(f"bench trainer: {exc}") from None
         return paths.run("trainer", ns, lambda ns, path: startup.run(ns, _config(ns, Path(), path), path))
     return paths.run("trainer", ns, _run)
 
