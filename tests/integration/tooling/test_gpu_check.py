@@ -129,15 +129,23 @@ def test_an_unknown_check_name_is_a_usage_error_in_one_line(tmp_path: Path) -> N
 
 
 def test_targets_are_read_from_every_run_a_benchmark_printed() -> None:
-    result = {"slowdown": 0.001, "efficiency_of_trace": 0.9, "stop_after_end_ms_p99": 3.0,
-              "with_mps": {"slowdown": 0.01, "efficiency": 0.9, "efficiency_of_trace": 0.75,
+    result = {"slowdown": 0.001, "slowdown_interval": {"median": 0.001, "low": -0.002, "high": 0.004, "n": 37},
+              "null": {"median": -0.001, "low": -0.003, "high": 0.002, "n": 36}, "useful_harvest": 0.75,
+              "efficiency_of_trace": 0.9, "stop_after_end_ms_p99": 3.0,
+              "with_mps": {"slowdown": 0.01, "slowdown_interval": {"median": 0.01, "low": 0.004, "high": 0.016},
+                           "null": {"median": 0.005}, "efficiency_of_trace": 0.9, "useful_harvest": 0.5,
                            "stop_after_end_ms_p99": 1.0}}
     rows = {(r["run"], r["target"]): r["met"] for r in targets.measure("overhead", result)}
     assert rows == {
         (".", "slowdown"): True, ("with_mps", "slowdown"): False,
-        (".", "efficiency"): True, ("with_mps", "efficiency"): False,  # of the replay's gaps
+        (".", "slowdown 95 % interval, upper end"): True, ("with_mps", "slowdown 95 % interval, upper end"): False,
+        (".", "A/A null |median|"): True, ("with_mps", "A/A null |median|"): False,
+        # work done, not busy time: 90 % of the gaps busy is 50 % useful beside a neighbour that slows the steps
+        (".", "useful harvest"): True, ("with_mps", "useful harvest"): False,
         (".", "stop after END p99 (ms)"): False, ("with_mps", "stop after END p99 (ms)"): True,
     }
+    older = next(r for r in targets.measure("overhead", {"slowdown": 0.001}) if r["key"] == "null.median")
+    assert (older["value"], older["met"]) == (None, None)  # a bench from before the interval: not measured
     control = {"runs": {"shm": {"hook_us_p99": 4.0, "hook_thread_cpu_us_per_edge": 30.0,
                                 "floor_thread_cpu_us_per_edge": 25.0}}}
     cpu = next(r for r in targets.measure("control", control) if r["target"].startswith("trainer CPU"))
