@@ -7,6 +7,7 @@ computation and then a 10 ms bubble reported to the agent (the agent grants wind
 fresh agent (CPU mode, defaults: workers at nice 19):
   - baseline: the agent, no task;
   - burner: a task whose thread spins outside its windows (tests/tasks/placement.py:BurnsBetweenWindows);
+  - forks: a task that forks 8 processes spinning for ever (ForksSpinners: a bounded fork bomb);
   - burst: `--burst` quick submits at once (the reference checks, the workers' starts, the database);
   - prune: `freeride prune`-style prunes in a loop, each over tasks just finished.
 With `--before PATH` (another checkout, e.g. `git worktree add /tmp/before <commit>`), every case runs with
@@ -86,6 +87,8 @@ def _case(name: str, tree: Path, seconds: float, work: int, burst: int) -> dict[
         with agent, agent.client() as c:
             if name == "burner":
                 c.submit(tasks_pb2.TaskSpec(ref=f"{TASKS}:BurnsBetweenWindows"))
+            elif name == "forks":
+                c.submit(tasks_pb2.TaskSpec(ref=f"{TASKS}:ForksSpinners"))
             elif name == "burst":
                 def submit_all() -> None:
                     with ThreadPoolExecutor(32) as pool:
@@ -112,7 +115,7 @@ def main() -> int:
     ap.add_argument("--work", type=int, default=1_500_000, help="loop turns per iteration (~150 ms here)")
     ap.add_argument("--burst", type=int, default=200)
     ap.add_argument("--before", type=Path, help="another checkout: its agent runs each case too, alternated")
-    ap.add_argument("--cases", default="baseline,burner,burst,prune")
+    ap.add_argument("--cases", default="baseline,burner,forks,burst,prune")
     ns = ap.parse_args()
     trees = [("before", ns.before), ("after", HERE)] if ns.before else [("after", HERE)]
     result: dict[str, dict[str, dict[str, float]]] = {}

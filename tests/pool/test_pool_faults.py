@@ -21,6 +21,7 @@ from support.agents import FAST, BackgroundTrainer
 from support.faults import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
 from support.redis_server import RedisServer
 
+from freeride.agent.control.reprobe import REPROBE_MAX_NS
 from freeride.pool import Pool, parse_pool_url, range_items
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
 from freeride.tooling.poolrun import FAKE_GPU, PoolRun, worker_up
@@ -88,8 +89,9 @@ def test_killed_agents_a_killed_worker_and_a_redis_restart_lose_no_item(
         # Redis goes away: every task waits, saying so, and resumes once it is back.
         redis_server.stop()
         for k in sorted(run.alive):
-            # 90 s: a task whose steps fit no bubble on a loaded machine hears of Redis at its next re-probe
-            run.wait_task(k, _redis_waiting, timeout_s=90)
+            # A task whose steps fit no bubble on a loaded machine hears of Redis at its next re-probe, which may be
+            # the re-probes' longest spacing away (it backs off to REPROBE_MAX_NS), then a series of windows
+            run.wait_task(k, _redis_waiting, timeout_s=REPROBE_MAX_NS / 1e9 + 60)
         marks.append(("Redis down, all waiting", time.monotonic()))
         redis_server.start()
         for k in sorted(run.alive):

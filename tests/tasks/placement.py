@@ -61,6 +61,23 @@ class BurnsBetweenWindows(IterativeTask):
         pass
 
 
+class ForksSpinners(IterativeTask):
+    """Forks `children` processes (8 by default) that spin for ever, windows or not: a bounded fork bomb. They die
+    with the worker's process group (or its cgroup) when the task ends."""
+
+    def __init__(self, children: str = "8") -> None:
+        self.children = int(children)
+
+    def setup(self) -> None:
+        for _ in range(self.children):
+            if os.fork() == 0:
+                while True:
+                    pass
+
+    def step(self) -> None:
+        pass
+
+
 class Quiet(IterativeTask):
     """Uses the CPU only in its steps."""
 
