@@ -124,8 +124,8 @@ def test_a_finite_task_finishes_as_done_with_its_progress(agent, client):
         # DONE comes with the worker's Finished message; its pid goes with its exit, an event of its own
         done = wait_for_info(client, task.id, lambda t: t.state == tasks_pb2.TASK_STATE_DONE and t.pid == 0, 60)
         assert done.progress["count"] == 40
-        # Its last window's books close at that bubble's END, which may come after Finished: the agent, with no
-        # task left, is quiet, and the trainer holds its edges until the next sample
+        # Its last window's books close at that bubble's END, which may come after Finished (the agent, with no
+        # task left, still listens for that END: reliability fix 66)
         def counted() -> int | None:
             steps = client.get(task.id).counters.steps
             return steps if steps >= 40 else None
