@@ -63,13 +63,15 @@ def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harve
             c.pause(paused.id)
             training = Training(root, tmp_path / "run")
             with BackgroundTrainer(first, [20.0], rank=7):
-                beacon.next_step(60)  # the first step... then one more: harvest is under way
-                beacon.next_step(10)
+                # The first step... then one more: harvest is under way. A worker runs at nice 19: on a machine
+                # loaded past its cores (the suite at twice its cores' load) one step may wait tens of seconds.
+                beacon.next_step(60)
+                beacon.next_step(60)
                 before = c.stats()
                 # Let several flush periods pass after `before` (a loaded runner's database writes lag), then kill
                 # right after a step ended in an open window: mid-bubble.
                 flushed_ns = time.monotonic_ns() + int(5 * FLUSH_S * 1e9)
-                while beacon.next_step(10) < flushed_ns:
+                while beacon.next_step(60) < flushed_ns:
                     pass
                 first.kill9()
         # Every worker of the dead agent saw its stream break, checkpointed and exited; nothing it forked lingers.
