@@ -172,15 +172,19 @@ def wait_for_any(
 
 
 def wait_for_info(
-    client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool], timeout_s: float = WAIT_S
+    client: AgentClient, task_id: str, ok: Callable[[tasks_pb2.TaskInfo], bool], timeout_s: float = WAIT_S,
+    at_windows: bool = False,
 ) -> tasks_pb2.TaskInfo:
-    """Block until the task's info satisfies `ok` (a state, a reason, a restart count, ...)."""
+    """Block until the task's info satisfies `ok` (a state, a reason, a restart count, ...). `at_windows`: read it
+    again at each window the agent accounts too, for what changes there with no task event (counters, progress)."""
 
     def now() -> tasks_pb2.TaskInfo | None:
         info = client.get(task_id)
         return info if ok(info) else None
 
     def on_event(ev: tasks_pb2.AgentEvent) -> tasks_pb2.TaskInfo | None:
+        if at_windows and ev.HasField("window"):
+            return now()
         return ev.task if ev.HasField("task") and ev.task.id == task_id and ok(ev.task) else None
 
     found = wait_for(client, now, on_event, timeout_s)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from support.agents import FAST, BackgroundTrainer
 from support.faults import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
+from support.jitter import skip_if_loaded_past_cores
 from support.redis_server import RedisServer
 
 from freeride.agent.control.reprobe import REPROBE_MAX_NS
@@ -50,9 +51,8 @@ def _wait_or_too_loaded(run: PoolRun, k: int, ok: Callable[[S.TaskInfo], bool], 
     try:
         run.wait_task(k, ok, timeout_s=timeout_s)
     except TimeoutError as exc:
-        cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-        if "do not fit any bubble" in str(exc) and load >= cores:
-            pytest.skip(f"this machine is too loaded to judge this test: {exc} (load {load:.1f} on {cores} cores)")
+        if "do not fit any bubble" in str(exc):
+            skip_if_loaded_past_cores(str(exc))
         raise
 
 

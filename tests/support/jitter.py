@@ -10,6 +10,7 @@ only when the figure is over its limit.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Iterable
@@ -84,3 +85,11 @@ def assert_within(measured_ms: float, limit_ms: float, what: str) -> None:
                     f"while a 1 ms sleep wakes {late:.1f} ms late (p90)")
     pytest.fail(f"{what}: {measured_ms:.3f} ms, over {limit_ms:g} ms (a 1 ms sleep wakes {late:.2f} ms late, p90: "
                 f"the machine is not the cause)")
+
+
+def skip_if_loaded_past_cores(what: str) -> None:
+    """Skip, saying `what` and the load, where the machine's load average is at or past its cores: what went wrong
+    (a check out of time, a task that never stepped) is then the machine's speed. Else return, and the caller fails."""
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+    if load >= cores:
+        pytest.skip(f"this machine is too loaded to judge this test: {what} at load {load:.1f} on {cores} cores")

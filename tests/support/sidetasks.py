@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import pickle
-import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
 from freeride import IterativeTask, TaskContext
 from freeride.client import AgentClient
+from freeride.tooling.harness import wait_for_info
 from freeride.v1 import tasks_pb2
 
 T = TypeVar("T", bound=IterativeTask)
@@ -67,19 +67,8 @@ def wait_for_checkpointed(client: AgentClient, task_id: str, key: str, at_least:
                           ) -> tasks_pb2.TaskInfo:
     """Block, woken by each window the agent accounts, until the task has checkpointed and its progress
     `key` is at least `at_least` (a real agent's task, for the kill -9 tests)."""
-    events = client.watch()
-    timer = threading.Timer(timeout_s, events.cancel)
-    timer.start()
-    try:
-        for ev in events:
-            if ev.HasField("window"):
-                info = client.get(task_id)
-                if info.checkpoint_steps > 0 and info.progress.get(key, 0) >= at_least:
-                    return info
-    finally:
-        timer.cancel()
-        events.cancel()
-    raise TimeoutError(f"task {task_id} did not checkpoint {key} >= {at_least:g} in {timeout_s}s")
+    return wait_for_info(client, task_id, lambda i: i.checkpoint_steps > 0 and i.progress.get(key, 0) >= at_least,
+                         timeout_s, at_windows=True)
 
 
 WORDS = ["def", "class", "import", "return", "while", "lambda", "yield", "with"]

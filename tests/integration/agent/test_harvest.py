@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support.agents import BackgroundTrainer, bubbles, drive, granted_windows, spec
 
-from freeride.tooling.harness import WindowCollector, wait_for, wait_for_info, wait_for_task
+from freeride.tooling.harness import WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
@@ -126,9 +126,5 @@ def test_a_finite_task_finishes_as_done_with_its_progress(agent, client):
         assert done.progress["count"] == 40
         # Its last window's books close at that bubble's END, which may come after Finished (the agent, with no
         # task left, still listens for that END: reliability fix 66)
-        def counted() -> int | None:
-            steps = client.get(task.id).counters.steps
-            return steps if steps >= 40 else None
-
-        steps = wait_for(client, counted, lambda ev: counted() if ev.HasField("window") else None, 30)
-    assert steps == 40
+        counted = wait_for_info(client, task.id, lambda t: t.counters.steps >= 40, 30, at_windows=True)
+    assert counted.counters.steps == 40

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 from support.agents import FAST, BackgroundTrainer, bubbles, drive, spec, wait_gone
 
-from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for, wait_for_info, wait_for_task
+from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
@@ -179,7 +179,8 @@ def test_a_file_reference_is_pinned_to_its_real_path_at_submit_so_a_swapped_syml
     assert task.spec.ref == f"{tmp_path / 'v1' / 'task.py'}:Versioned"  # resolved at submit: what was checked
     wait_for_task(client, task.id, [S.TASK_STATE_READY])
     with BackgroundTrainer(agent, [20.0]):  # bubbles until it stepped: a loaded machine may need many
-        assert _stepped_past(client, task.id, 0).progress["version"] == 1
+        stepped = wait_for_info(client, task.id, lambda i: i.progress["count"] > 0, 60, at_windows=True)
+        assert stepped.progress["version"] == 1
 
     current.unlink()
     current.symlink_to(tmp_path / "v2")  # the directory swapped under the submitted path
@@ -188,20 +189,8 @@ def test_a_file_reference_is_pinned_to_its_real_path_at_submit_so_a_swapped_syml
     client.resume(task.id)  # a new worker loads the task again
     before = wait_for_task(client, task.id, [S.TASK_STATE_READY]).progress["count"]
     with BackgroundTrainer(agent, [20.0]):
-        after = _stepped_past(client, task.id, before)
+        after = wait_for_info(client, task.id, lambda i: i.progress["count"] > before, 60, at_windows=True)
     assert after.progress["version"] == 1  # still the code that was checked, not v2's
-
-
-def _stepped_past(client, task_id: str, count: float) -> S.TaskInfo:  # type: ignore[no-untyped-def]
-    """The task's info once its progress count passed `count`: read again at each accounted window (a step's
-    progress comes before its window's books), not only at state changes."""
-    def now() -> S.TaskInfo | None:
-        info = client.get(task_id)
-        return info if info.progress["count"] > count else None
-
-    found = wait_for(client, now, lambda ev: now() if ev.HasField("window") else None, 60)
-    assert found is not None, f"task {task_id} ran no step past {count} in 60 s: {client.get(task_id)}"
-    return found
 
 
 def test_sighup_is_ignored_with_a_line_and_sigterm_still_stops_in_order(tmp_path: Path):
