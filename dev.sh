@@ -11,6 +11,16 @@ TORCH_VERSION=${FREERIDE_TORCH:-2.13.0}  # CI's: the CPU wheel. ./dev.sh test-to
 # (0.17 and later need 3.12), and has wheels for 3.11 to 3.13.
 MEGATRON_CORE=megatron-core==0.16.1
 
+# Bytecode goes to one cache inside the venv, written at a module's first import and read by every process after,
+# even where PYTHONDONTWRITEBYTECODE is set (as on CI's machines): there every agent, worker, rank and pytest process
+# would otherwise compile what it imports again (torch: 2 s an import became 5; pytest's collection rewrote every
+# test module's asserts in each of its three processes). Nothing is written beside the sources.
+bytecode_cache() {
+    PYTHONPYCACHEPREFIX="$(cd "$VENV" && pwd)/pycache"
+    export PYTHONPYCACHEPREFIX
+    unset PYTHONDONTWRITEBYTECODE
+}
+
 setup() {
     if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
         echo "freeride needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2
@@ -20,16 +30,16 @@ setup() {
         echo "==> creating $VENV" >&2
         "$PYTHON" -m venv "$VENV"
     fi
+    bytecode_cache
     local stamp="$VENV/.freeride-installed"
     local want
     want=$( { cat pyproject.toml; echo "torch==$TORCH_VERSION $MEGATRON_CORE"; } | "$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-        # Bytecode compiled at install, though it is 40 of the 110 s this takes: where PYTHONDONTWRITEBYTECODE is set
-        # (as on this machine) a venv installed with --no-compile recompiles torch at every import (2 s became 5),
-        # in every agent, worker and rank the tests start (the parallel phase went from 492 s to 842).
-        local pip=("$VENV/bin/python" -m pip install --quiet)
+        # No bytecode compiled at install (40 of the 110 s this took, for 15,000 files of which a run imports a few
+        # thousand): each module is compiled at its first import, into the cache below, and read from there after.
+        local pip=("$VENV/bin/python" -m pip install --quiet --no-compile)
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
         # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
         if [ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
@@ -49,11 +59,10 @@ setup() {
             echo "could not install $MEGATRON_CORE: tests/integration/trainers/test_megatron_schedules.py is skipped" >&2
         fi
     fi
-    # freeride's own bytecode, written once (about a second; nothing where it is current): where
-    # PYTHONDONTWRITEBYTECODE is set, as on this machine, every agent, worker and CLI process the tests start would
-    # compile the package again (0.6 s an agent's import against 0.4).
-    "$VENV/bin/python" -m compileall -q freeride sidetasks tests tools >/dev/null
+    # freeride's own bytecode, written once (about a second; nothing where it is current), into the cache below.
+    "$VENV/bin/python" -m compileall -q freeride sidetasks tools >/dev/null
 }
+
 
 # Debian packages some tests need: systemd-analyze and shellcheck check the files in deploy/, redis-server
 # runs the work-pool tests, prometheus (with promtool) checks deploy/monitoring's dashboard and rules on a real
@@ -104,8 +113,8 @@ case "$cmd" in
         wait "$tools" || true  # (it says what it could not install, and the tests that need it skip)
         cat "$tools_log" >&2
         rm -f "$tools_log"
-        # The linters run beside the first pytest run, which leaves a third of the two cores idle (its tests mostly
-        # wait on the processes they start); what they print comes after that run, and any finding fails the command.
+        # The linters run beside the first pytest run (its tests mostly wait on the processes they start); what they
+        # print comes after that run, and any finding fails the command.
         echo "==> ruff, mypy and the import contracts (pyproject.toml [tool.importlinter]), beside the tests" >&2
         lint_log=$(mktemp)
         (
@@ -117,14 +126,15 @@ case "$cmd" in
         ) >"$lint_log" 2>&1 &
         linters=$!
         # Two runs: most tests wait on subprocesses (agents, workers, trainers' bubbles), so they share the cores on
-        # two xdist workers (three were not reliably faster: 492 s once, 684 s from a clean clone, against 524-588 s
-        # on two, and loaded the 2-core runner to 8); the ones
-        # marked serial (they assert measured latencies, efficiencies, slowdowns) run after, alone. The second
-        # runs even when the first failed, so every failure is seen. With -k or a path one of them may select
-        # nothing (exit 5): a failure only when both do.
-        echo "==> pytest: the tests not marked serial, on two workers" >&2
+        # one xdist worker more than there are cores, each taking the next test as it is free (worksteal); on the
+        # 2-core runner three workers used 185 % of the cores and took 421 s, against 140 % and 572 s for two
+        # (docs/benchmarks.md). The ones marked serial (they assert measured latencies, efficiencies, slowdowns) run
+        # after, alone. The second runs even when the first failed, so every failure is seen. With -k or a path one
+        # of them may select nothing (exit 5): a failure only when both do.
+        workers=$(( $(nproc) + 1 ))
+        echo "==> pytest: the tests not marked serial, on $workers workers" >&2
         set +e
-        "$VENV/bin/python" -m pytest -m "not serial" -n 2 "$@"
+        "$VENV/bin/python" -m pytest -m "not serial" -n "$workers" --dist worksteal "$@"
         parallel=$?
         wait "$linters"
         lint=$?
