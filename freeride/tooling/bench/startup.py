@@ -4,7 +4,8 @@ The alternating bench (trainer.py) measures the hooks in one long run; a job's o
 reporter's connection, the agent's handshake, the first steps) is not in it. Here each job is a run of its own:
 N plain jobs and N instrumented ones, alternated back to back (plain, instrumented, plain, ...), in three
 settings: no agent at all; an agent with nothing to grant; an agent with a task whose steps fit none of the
-job's bubbles (a SleepTask of `--startup-task-ms`). Each job trains at once, as a real one does (no wait for the
+job's bubbles (a SleepTask of `--startup-task-ms`). Each job is its ranks' own interpreters (not forked from one
+that imported DeepSpeed first) and trains at once, as a real one does (no wait for the
 connection). The first FIRST steps and the steps after them (steady state) are reported apart: each as the
 median over the pairs of (instrumented job / plain job) for the mean step time, the training thread's CPU per
 step and the whole process's CPU per step (the reporter's and gRPC's threads too), with the same figure for
@@ -83,12 +84,12 @@ def run(ns: argparse.Namespace, cfg: PipelineConfig, path: str) -> dict[str, Any
             job = dataclasses.replace(cfg, socket_dir=str(root))
             with _agents(setting, root, cfg.stages, ns.startup_task_ms):
                 if setting != "no_agent":  # the agents learn the job's bubbles (and the task's steps) first
-                    launch(dataclasses.replace(job, instrument=True), root / "learn")
+                    launch(dataclasses.replace(job, instrument=True), root / "learn", fork=False)
                 jobs: dict[bool, list[list[dict[str, Any]]]] = {False: [], True: []}
                 for k in range(runs):
                     for instrument in (False, True):
                         jobs[instrument].append(launch(dataclasses.replace(job, instrument=instrument),
-                                                       root / f"run{k}{int(instrument)}"))
+                                                       root / f"run{k}{int(instrument)}", fork=False))
         figures: dict[str, Any] = {}
         for name, part in (("first", first), ("steady", steady)):
             figures[name] = {key: _ratios([_job(r, key, part) for r in jobs[False]],
