@@ -38,7 +38,7 @@ setup() {
         echo "==> installing freeride and its dev tools into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
         # No bytecode compiled at install (40 of the 110 s this took, for 15,000 files of which a run imports a few
-        # thousand): each module is compiled at its first import, into the cache below, and read from there after.
+        # thousand): each module is compiled at its first import, into bytecode_cache's folder, and read from there after.
         local pip=("$VENV/bin/python" -m pip install --quiet --no-compile)
         # torch first, pinned: the CPU build. Left to resolve later, a bare "torch" requirement
         # would pull the newest CUDA build (gigabytes). On GPU hosts bring your own torch (2.11-2.15).
@@ -59,10 +59,9 @@ setup() {
             echo "could not install $MEGATRON_CORE: tests/integration/trainers/test_megatron_schedules.py is skipped" >&2
         fi
     fi
-    # freeride's own bytecode, written once (about a second; nothing where it is current), into the cache below.
+    # freeride's own bytecode, written once into that folder (about a second; nothing where it is current).
     "$VENV/bin/python" -m compileall -q freeride sidetasks tools >/dev/null
 }
-
 
 # Debian packages some tests need: systemd-analyze and shellcheck check the files in deploy/, redis-server
 # runs the work-pool tests, prometheus (with promtool) checks deploy/monitoring's dashboard and rules on a real

@@ -8,7 +8,7 @@ clients: real CPU compute and short bubbles. With `model="transformer"` the stag
 are a small byte-level language model learning standard-library source (freeride.tooling.bench.lm):
 real compute, for the demo. Run one rank with
 `python -m freeride.tooling.bench.pipeline --rank R --world P --config JSON --out FILE`, or every rank forked from one
-process that imported torch (and the framework) once: `... --fork-world P --config JSON --out-dir DIR`.
+process that imported torch (and the framework) once: `... --fork-world --world P --config JSON --out-dir DIR`.
 """
 
 from __future__ import annotations
@@ -375,8 +375,8 @@ def free_port() -> int:
 class PipelineRun:
     """All ranks of one pipeline run as child processes, in a session of their own (a terminal's Ctrl-C reaches
     only the parent, which stops them in order). On a CPU the ranks are forked from one process that imported
-    torch and the framework first (`fork`): a 4-rank run started in 5 s instead of 10 on two cores, where each rank
-    paid torch's import (3 s of CPU with its pipelining package); on a GPU each rank is its own interpreter. The
+    torch and the framework first (`fork`): a 4-rank run starts in about half the time on two cores, where each
+    rank paid torch's import (3 s of CPU with its pipelining package); on a GPU each rank is its own interpreter. The
     last rank writes one JSON line per iteration to `progress` (a readable pipe end) when `watch` is set.
     `series`: more configurations the ranks train after `cfg`, in the same processes (`launch_series`)."""
 
@@ -412,6 +412,7 @@ class PipelineRun:
             module = [sys.executable, "-m", "freeride.tooling.bench.pipeline", "--world", str(self.world),
                       "--config", self._config_json()]
             if self.fork:
+                (self.out_dir / "exits.json").unlink(missing_ok=True)  # a run's own, written when its ranks end
                 self._spawn([*module, "--fork-world", "--out-dir", str(self.out_dir), *progress],
                             env, self.out_dir / "ranks.log", fds)
             for rank in range(self.world if not self.fork else 0):
