@@ -73,7 +73,11 @@ def two_agents(tmp_path: Path) -> Iterator[list[TaggedAgent]]:
     # (their sessions' too, fix 59) the faulty tasks would get next to no CPU in them; containment is what is tested.
     procs = node_agents(tmp_path / "sockets", extra_args=[*FAST, "--max-workers", "16", "--worker-nice", "0"])
     try:
-        yield [p.start() for p in procs]
+        for p in procs:
+            p.spawn()  # side by side
+        for p in procs:
+            p.wait_ready()
+        yield procs
     finally:
         for p in procs:
             assert p.stop() == 0, p.log_tail()

@@ -27,8 +27,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str], dict, Path]]:
     """A finished run's agents (still up), the CLI's environment, `profile --all --json`'s answer, its recording."""
     root = tmp_path_factory.mktemp("profile")
-    procs = [AgentProcess(state_dir=root / f"state{r}", gpu=r).start() for r in range(P)]
+    procs = [AgentProcess(state_dir=root / f"state{r}", gpu=r).spawn() for r in range(P)]  # side by side
     try:
+        for proc in procs:
+            proc.wait_ready()
         cfg = PipelineConfig(schedule="1F1B", stages=P, microbatches=M, forward_ms=F_MS, backward_ms=B_MS,
                              iterations=ITERATIONS, instrument=True, socket_dir=str(root))
         launch(cfg, root / "run")
