@@ -32,13 +32,19 @@ os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> object:
     """A submit refused because its import check ran out of time on a machine loaded past its cores is the machine's
-    speed, not a verdict on the product: the test skips, saying so with the load. On a machine that is not that
-    busy the refusal fails the test as any error does (a task whose import hangs is refused exactly so)."""
+    speed, not a verdict on the product: the test skips, saying so with the load. So is a task that never got
+    there because, the agent says, its steps took longer than any bubble (a 1 ms step measured at 537 ms, p95, at
+    twice the cores' load). On a machine that is not that busy either fails the test as any error does (a task
+    whose import hangs is refused exactly so)."""
     try:
         return (yield)
     except TaskRefError as exc:
         if "did not finish in" in str(exc):
             skip_if_loaded_past_cores(f"a submit's import check ran out of time ({str(exc)[:100]}...)")
+        raise
+    except TimeoutError as exc:  # freeride.tooling.harness.wait_for_task's, with the agent's reason
+        if "do not fit any bubble" in str(exc):
+            skip_if_loaded_past_cores(str(exc)[:200])
         raise
 
 

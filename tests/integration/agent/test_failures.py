@@ -23,9 +23,10 @@ def test_a_crashed_worker_restarts_from_its_checkpoint(agent, client, tmp_path: 
     task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=1, steps=60))
     wait_for_task(client, task.id, [READY])
     with BackgroundTrainer(agent, [20.0, 20.0]):
-        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_STARTING], timeout_s=30)  # crashed at step 30
-        back = wait_for_task(client, task.id, [READY], timeout_s=30)
-        done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE], timeout_s=30)
+        # (60 s each: at twice the cores' load 30 s was not enough for the last 30 steps of 1 ms)
+        wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_STARTING], timeout_s=60)  # crashed at step 30
+        back = wait_for_task(client, task.id, [READY], timeout_s=60)
+        done = wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_DONE], timeout_s=60)
     assert (tmp_path / "crashed").exists()
     assert back.restarts == 1 and done.restarts == 1
     assert "injected crash" in back.reason
