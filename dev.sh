@@ -133,7 +133,8 @@ case "$cmd" in
         workers=$(( $(nproc) + 1 ))
         echo "==> pytest: the tests not marked serial, on $workers workers" >&2
         set +e
-        "$VENV/bin/python" -m pytest -m "not serial" -n "$workers" --dist worksteal "$@"
+        # -rs: each skipped test's reason in the summary (a test too loaded to judge says so, with the figures)
+        "$VENV/bin/python" -m pytest -rs -m "not serial" -n "$workers" --dist worksteal "$@"
         parallel=$?
         wait "$linters"
         lint=$?
@@ -141,7 +142,7 @@ case "$cmd" in
         cat "$lint_log"
         rm -f "$lint_log"
         echo "==> pytest: the tests marked serial, alone" >&2
-        "$VENV/bin/python" -m pytest -m serial "$@"
+        "$VENV/bin/python" -m pytest -rs -m serial "$@"
         serial=$?
         set -e
         [ "$lint" -eq 0 ] || { echo "ruff, mypy or the import contracts found something (above)" >&2; exit 1; }
@@ -170,7 +171,7 @@ case "$cmd" in
         system_tools
         "$VENV/bin/python" -c 'import torch; print(f"==> torch {torch.__version__} in '"$VENV"'")' >&2
         set +e
-        "$VENV/bin/python" -m pytest "${TORCH_TESTS[@]}" "$@"
+        "$VENV/bin/python" -m pytest -rs "${TORCH_TESTS[@]}" "$@"
         code=$?
         set -e
         [ "$code" -eq 5 ] && { echo "pytest collected no tests: that is a failure here" >&2; exit 1; }
