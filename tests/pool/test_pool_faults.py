@@ -40,6 +40,9 @@ WORK_US = 600.0  # per item, so that 20,000 items span the faults (~15 s of work
 # Steps of at most 4 ms: eight workers on two cores stretch a step 2-3 times, and PoolTask's default (up to
 # 20 ms, 0.8 of the window) would then no longer fit the 20 ms bubbles at all.
 MAX_STEP_MS = 0.0  # PoolTask's own: its steps fit themselves to the window (min_step_s)
+# 40 ms bubbles every 60 ms (the pool runs' default: 20 every 30): with three xdist workers on the 2-core runner a
+# step of these workers took 26 ms (p95) and fit none of the 16 ms a 20 ms bubble leaves (2026-11-29, quiet CI).
+BUBBLE_MS, PERIOD_MS = 40.0, 60.0
 # A killed worker is back in 50 ms; a SIGKILL counts as one of the task's restarts.
 ARGS = [*FAST, *FAKE_GPU, "--max-restarts", "10"]
 
@@ -81,7 +84,7 @@ def test_killed_agents_a_killed_worker_and_a_redis_restart_lose_no_item(
 ) -> None:
     agents = Tagged()
     run = PoolRun(tmp_path, redis_server.url("faults"), AGENTS, work_us=WORK_US, max_step_ms=MAX_STEP_MS,
-                  make_agent=agents)
+                  bubble_ms=BUBBLE_MS, period_ms=PERIOD_MS, make_agent=agents)
     marks = [("start", time.monotonic())]
     with run:
         assert run.create(ITEMS, POISON, lease_s=LEASE_S, max_tries=MAX_TRIES) == ITEMS

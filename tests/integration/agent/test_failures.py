@@ -20,7 +20,9 @@ READY, FAILED = tasks_pb2.TASK_STATE_READY, tasks_pb2.TASK_STATE_FAILED
 
 
 def test_a_crashed_worker_restarts_from_its_checkpoint(agent, client, tmp_path: Path):
-    task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=1, steps=60))
+    # 5 ms steps: the 30 before the crash span several of the agent's 50 ms checkpoint intervals (with 1 ms steps,
+    # under three xdist workers, the crash once came before the first checkpoint)
+    task = client.submit(spec("CrashOnce", marker=tmp_path / "crashed", at=30, step_ms=5, steps=60))
     wait_for_task(client, task.id, [READY])
     with BackgroundTrainer(agent, [20.0, 20.0]):
         # (60 s each: at twice the cores' load 30 s was not enough for the last 30 steps of 1 ms)
