@@ -14,13 +14,11 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.agents import FAST, BackgroundTrainer
 from support.faults import TASKS, TaggedAgent, assert_all_reaped, assert_no_tracebacks, clean_agent, tagged_agent
-from support.jitter import skip_if_loaded_past_cores
 from support.redis_server import RedisServer
 
 from freeride.agent.control.reprobe import REPROBE_MAX_NS
@@ -45,18 +43,6 @@ MAX_STEP_MS = 0.0  # PoolTask's own: its steps fit themselves to the window (min
 BUBBLE_MS, PERIOD_MS = 40.0, 60.0
 # A killed worker is back in 50 ms; a SIGKILL counts as one of the task's restarts.
 ARGS = [*FAST, *FAKE_GPU, "--max-restarts", "10"]
-
-
-def _wait_or_too_loaded(run: PoolRun, k: int, ok: Callable[[S.TaskInfo], bool], timeout_s: float) -> None:
-    """run.wait_task, or a skip saying so where the task never stepped because the machine is loaded past its cores:
-    its workers run at nice 19, and beside work at nice 0 on every core a step took 242 ms (p95) against 17 ms
-    bubbles, so the task fit none and heard of nothing. On a machine that is not that busy the timeout fails."""
-    try:
-        run.wait_task(k, ok, timeout_s=timeout_s)
-    except TimeoutError as exc:
-        if "do not fit any bubble" in str(exc):
-            skip_if_loaded_past_cores(str(exc))
-        raise
 
 
 def _redis_waiting(info: S.TaskInfo) -> bool:
@@ -108,7 +94,8 @@ def test_killed_agents_a_killed_worker_and_a_redis_restart_lose_no_item(
         for k in sorted(run.alive):
             # A task whose steps fit no bubble on a loaded machine hears of Redis at its next re-probe, which may be
             # the re-probes' longest spacing away (it backs off to REPROBE_MAX_NS), then a series of windows
-            _wait_or_too_loaded(run, k, _redis_waiting, REPROBE_MAX_NS / 1e9 + 60)
+            # (a timeout whose reason is steps that fit no bubble skips where the load is past the cores: conftest)
+            run.wait_task(k, _redis_waiting, timeout_s=REPROBE_MAX_NS / 1e9 + 60)
         marks.append(("Redis down, all waiting", time.monotonic()))
         redis_server.start()
         for k in sorted(run.alive):

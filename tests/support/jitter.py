@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pytest
 
@@ -93,3 +94,10 @@ def skip_if_loaded_past_cores(what: str) -> None:
     cores, load = os.cpu_count() or 1, os.getloadavg()[0]
     if load >= cores:
         pytest.skip(f"this machine is too loaded to judge this test: {what} at load {load:.1f} on {cores} cores")
+
+
+def fail_unless_loaded_past_cores(what: str) -> NoReturn:
+    """`what` went wrong: a skip saying so where the machine is loaded past its cores (skip_if_loaded_past_cores),
+    else a failure saying the load, which was not the cause."""
+    skip_if_loaded_past_cores(what)
+    pytest.fail(f"{what}, at load {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores: not loaded past its cores")
