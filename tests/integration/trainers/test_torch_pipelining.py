@@ -52,16 +52,30 @@ def ms(b: dict[str, Any]) -> float:
     return (b["end_ns"] - b["start_ns"]) / 1e6
 
 
-def theory(schedule: str, rank: int, stretch: float = 1.0) -> list[float]:
-    """Bubbles of a torch schedule (no barrier between steps: a stage's drain merges into its next fill), with
-    F and B as the run's sleeps really took (`stretch`: measured compute over nominal)."""
-    f, b = F_MS * stretch / 1e3, B_MS * stretch / 1e3
-    segs = simulate_iteration(schedule, P, M, f, b, 0.0, random.Random(0))[rank]
+def theory(schedule: str, rank: int, f_ms: float = F_MS, b_ms: float = B_MS) -> list[float]:
+    """Bubbles of a torch schedule (no barrier between steps: a stage's drain merges into its next fill), with each
+    forward and backward taking `f_ms` and `b_ms` (the run's own: its sleeps and each operation's overhead)."""
+    segs = simulate_iteration(schedule, P, M, f_ms / 1e3, b_ms / 1e3, 0.0, random.Random(0))[rank]
     lengths = [s.duration_s * 1e3 for s in segs if s.bubble]
     kinds = [s.kind for s in segs if s.bubble]
     if kinds[-1] == trainer_pb2.BUBBLE_KIND_DRAIN and rank > 0:
         lengths[0] += lengths.pop()
     return [x for x in lengths if x > SIGNIFICANT_MS]
+
+
+def makespan_ms(schedule: str, f_ms: float, b_ms: float) -> float:
+    """One iteration's length in theory: the step's period (its drain overlaps the next fill on no rank's clock)."""
+    ranks = simulate_iteration(schedule, P, M, f_ms / 1e3, b_ms / 1e3, 0.0, random.Random(0))
+    return max(sum(s.duration_s for s in segs) for segs in ranks) * 1e3
+
+
+def overhead_per_op_ms(schedule: str, step_ms: float, f_ms: float, b_ms: float) -> float:
+    """What each forward and backward took beyond its sleep (Python, the send and the receive: ~1 ms on a quiet
+    2-core VM, ~3 ms on the CI runner), from the run's own step period: the theory's period grows by one such per
+    operation on its critical path, and every bubble spans some of them."""
+    base = makespan_ms(schedule, f_ms, b_ms)
+    per_op = makespan_ms(schedule, f_ms + 1.0, b_ms + 1.0) - base  # operations on the critical path
+    return max(0.0, (step_ms - base) / per_op)
 
 
 def close_to(measured: float, expected: float) -> bool:
@@ -164,6 +178,10 @@ def test_every_schedule_reports_every_bubble_of_every_rank(schedule: str, every_
     sleeps = 2 * m * stages_per_rank
     jitter = Jitter.of_slices((res["compute_ms"][it], compute_ms, sleeps) for res in results
                               for it in range(2, iterations))
+    # Each operation's overhead beyond its sleep, from the step period (the trainer's clock, not the bubbles judged).
+    overhead = overhead_per_op_ms(schedule, statistics.median(res["step_ms"][it] for res in results
+                                                              for it in range(2, iterations)),
+                                  F_MS * stretch, B_MS * stretch) if schedule in SINGLE else 0.0
     timing: list[str] = []
     for r, res in enumerate(results):
         iters = per_iteration(res)
@@ -186,11 +204,11 @@ def test_every_schedule_reports_every_bubble_of_every_rank(schedule: str, every_
         if r > 0:
             assert iters[3][0]["kind"] == trainer_pb2.BUBBLE_KIND_FILL  # waits for the first activation
         if schedule in SINGLE:
-            expected = theory(schedule, r, stretch)
+            expected = theory(schedule, r, F_MS * stretch + overhead, B_MS * stretch + overhead)
             typical = [statistics.median(ms(iters[it][slot]) for it in steady) for slot in range(len(shapes[1]))]
             if not implied_bubbles_found(typical, expected):
                 timing.append(f"rank {r}: bubbles {[round(x, 1) for x in typical]} ms, theory "
-                              f"{[round(x, 1) for x in expected]} ms")
+                              f"{[round(x, 1) for x in expected]} ms ({overhead:.1f} ms per operation)")
         assert res["reporter_path"] == "shm"  # this schedule's own reporter took the ring
     judge(timing, jitter, "bubble lengths against theory (20 % or 6 ms)")
 
