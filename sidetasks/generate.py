@@ -123,7 +123,7 @@ class Generate(IterativeTask):
         self.done_before = len(finished & {p.id for p in prompts})
         self.total = len(prompts)
         self.sampling = with_model_stop(self.sampling, self.model)
-        self.width, self.per_seq_bytes = self._size_batch(prompts, self.vocab)
+        self.width, self.per_seq_bytes, self.used_bytes = self._size_batch(prompts, self.vocab)
         self.decoder = Decoder(self.model, prompts, self.sampling, self.width, self.device, skip=finished)
         self.written = 0
 
@@ -157,8 +157,9 @@ class Generate(IterativeTask):
         logits, _ = self.model(one, one, torch.ones(1, 1, dtype=torch.bool, device=self.device), None)
         return int(logits.shape[-1])
 
-    def _size_batch(self, prompts: list[Prompt], vocab: int) -> tuple[int, int]:
-        """The batch width that fits the memory cap, and the bytes one sequence is estimated to need.
+    def _size_batch(self, prompts: list[Prompt], vocab: int) -> tuple[int, int, int]:
+        """The batch width that fits the memory cap, the bytes one sequence is estimated to need, and the bytes the
+        process held before it (the width: what 80 % of the cap leaves over those, in sequences, 1 at least).
 
         Measured: the process (torch, the weights) after a warm-up prefill and decode of the longest prompt,
         which also makes the first real step as fast as the rest, and the KV cache bytes per token. Estimated
@@ -172,8 +173,8 @@ class Generate(IterativeTask):
         per_seq = int(2 * kv_per_token * (longest + self.sampling.max_new_tokens)
                       + longest * (kv_per_token + 8 * vocab))
         cap = self.context.mem_limit_bytes or self.mem_limit_bytes
-        free = 0.8 * cap - self._used_bytes()
-        return max(1, min(self.max_batch, len(prompts), int(free // per_seq))), per_seq
+        used = self._used_bytes()
+        return max(1, min(self.max_batch, len(prompts), int((0.8 * cap - used) // per_seq))), per_seq, used
 
     def _used_bytes(self) -> int:
         if self.device.type == "cuda":
@@ -219,6 +220,7 @@ class Generate(IterativeTask):
             "in_flight": float(len(self.decoder.rows)),
             "batch": float(self.width),  # the width the memory cap allows (at most max_batch)
             "mem_per_seq_mib": self.per_seq_bytes / 2**20,
+            "mem_used_mib": self.used_bytes / 2**20,  # what the process held when the width was chosen
             "kv_cache_mib": self.decoder.cache_bytes() / 2**20,
             "tokens": float(self.decoder.tokens_generated),
             "tokens_per_s": self.decoder.tokens_generated / self.busy_s if self.busy_s > 0 else 0.0,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,22 +116,27 @@ def test_a_crash_after_completions_were_written_loses_and_repeats_none(tmp_path:
 
 
 def test_the_batch_is_sized_to_the_memory_cap(tmp_path: Path, prompts: Path) -> None:
-    def width(cap: int) -> tuple[float, float]:
-        t = task(tmp_path, f"out-{cap}.jsonl", max_batch=64)
+    """The width is what 80 % of the cap leaves over what the process holds, in sequences (1 at least, the prompts
+    at most), judged against what the task measured itself: the process's RSS moves between two setups in one
+    process (each loads a model), by a few MiB."""
+
+    def sized(cap: int) -> Mapping[str, float]:
+        t = task(tmp_path, f"out-{cap}.jsonl", max_batch=64, max_new_tokens=960)  # ~8 MiB a sequence, well over the RSS noise
         t.context = TaskContext(task_id="1", checkpoint_path=str(tmp_path / "task-1.ckpt"), mem_limit_bytes=cap)
         t.setup()
         p = progress(t)
         t.teardown()
-        return p["batch"], p["mem_per_seq_mib"]
+        used, per_seq = p["mem_used_mib"] * 2**20, p["mem_per_seq_mib"] * 2**20
+        assert used > 0 and per_seq > 0
+        assert p["batch"] == max(1, min(14, (0.8 * cap - used) // per_seq)), (cap, p)
+        return p
 
-    import psutil
-
-    ample, per_seq_mib = width(100 * 2**30)
-    used = psutil.Process().memory_info().rss  # after a first setup: the model loaded once grew the heap for good
-    assert ample == 14  # no more rows than prompts
-    assert width(int(used / 0.8))[0] == 1  # nothing left over the process itself: one row at a time
-    per_seq = per_seq_mib * 2**20
-    assert width(int((used + 6.5 * per_seq) / 0.8))[0] in (5, 6, 7)  # about 6 rows' worth (the RSS moves a little)
+    ample = sized(100 * 2**30)
+    assert ample["batch"] == 14  # no more rows than prompts
+    assert sized(2**20)["batch"] == 1  # nothing left over the process itself: one row at a time
+    per_seq = ample["mem_per_seq_mib"] * 2**20
+    used = ample["mem_used_mib"] * 2**20
+    assert 1 < sized(int((used + 10.5 * per_seq) / 0.8))["batch"] < 14  # the cap bites: about 10 rows' worth
 
 
 def test_bad_arguments_are_refused_at_submit_in_one_line(tmp_path: Path, prompts: Path) -> None:
