@@ -121,7 +121,8 @@ def test_the_batch_is_sized_to_the_memory_cap(tmp_path: Path, prompts: Path) -> 
     process (each loads a model), by a few MiB."""
 
     def sized(cap: int) -> Mapping[str, float]:
-        t = task(tmp_path, f"out-{cap}.jsonl", max_batch=64, max_new_tokens=960)  # ~8 MiB a sequence, well over the RSS noise
+        # max_new_tokens: ~8 MiB a sequence, well over the RSS's noise
+        t = task(tmp_path, f"out-{cap}.jsonl", max_batch=64, max_new_tokens=960)
         t.context = TaskContext(task_id="1", checkpoint_path=str(tmp_path / "task-1.ckpt"), mem_limit_bytes=cap)
         t.setup()
         p = progress(t)
