@@ -153,6 +153,9 @@ def _run(ns: argparse.Namespace, path: str) -> dict[str, Any]:
         "whatif_efficiency_after_learning": round(statistics.fmean(draws), 4),
         "whatif_nominal_efficiency_after_learning": round(nominal.share, 4),
         "steps": t.steps,
+        # what the run's steps really took (each sleeps S_ms): over S_ms, the machine stretched them
+        "step_ms_p50": round(percentile(step_ns, 0.5) / 1e6, 3) if step_ns else 0.0,
+        "step_ms_p90": round(percentile(step_ns, 0.9) / 1e6, 3) if step_ns else 0.0,
         "overrun_steps": t.overrun_steps,
         "overrun_fraction": round(t.overrun_steps / t.steps, 5) if t.steps else 0.0,
         "overrun_time_fraction": round(g.overrun_s / g.bubble_s, 5) if g.bubble_s else 0.0,
