@@ -135,7 +135,9 @@ case "$cmd" in
         echo "==> pytest: the tests not marked serial, on $workers workers" >&2
         set +e
         # -rs: each skipped test's reason in the summary (a test too loaded to judge says so, with the figures)
-        "$VENV/bin/python" -m pytest -rs -m "not serial" -n "$workers" --dist worksteal "$@"
+        serial_files=$(mktemp)
+        SUITE_SERIAL_FILES="$serial_files" \
+            "$VENV/bin/python" -m pytest -rs -m "not serial" -n "$workers" --dist worksteal "$@"
         parallel=$?
         wait "$linters"
         lint=$?
@@ -143,7 +145,14 @@ case "$cmd" in
         cat "$lint_log"
         rm -f "$lint_log"
         echo "==> pytest: the tests marked serial, alone" >&2
-        "$VENV/bin/python" -m pytest -rs -m serial "$@"
+        # Given no arguments, the serial run collects only the files the first run found serial tests in (its
+        # collection wrote them: tests/conftest.py); with arguments, or without that list, what it was given.
+        only=()
+        if [ "$#" -eq 0 ] && [ -s "$serial_files" ]; then
+            mapfile -t only < "$serial_files"
+        fi
+        rm -f "$serial_files"
+        "$VENV/bin/python" -m pytest -rs -m serial "$@" "${only[@]}"
         serial=$?
         set -e
         [ "$lint" -eq 0 ] || { echo "ruff, mypy or the import contracts found something (above)" >&2; exit 1; }

@@ -29,6 +29,20 @@ os.environ.setdefault("FREERIDE_WORKER_AUTOGROUP", "0")
 os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Before `-m` deselects anything: where ./dev.sh test asks (SUITE_SERIAL_FILES), the files that hold a test
+    marked serial, one per line, so that its serial run collects those files alone (1 s, not 8: the whole tree
+    imports torch, DeepSpeed and every test module) and still every serial test."""
+    where = os.environ.get("SUITE_SERIAL_FILES")
+    if not where:
+        return
+    files = sorted({str(item.path.relative_to(config.rootpath)) for item in items if item.get_closest_marker("serial")})
+    tmp = f"{where}.{os.getpid()}"  # each xdist worker writes the same list: whole, one rename each
+    Path(tmp).write_text("".join(f"{f}\n" for f in files))
+    os.replace(tmp, where)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> object:
     """A submit refused because its import check ran out of time on a machine loaded past its cores is the machine's
