@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked serial, one per line, so that its serial run collects those files alone (1 s, not 8: the whole tree
     imports torch, DeepSpeed and every test module) and still every serial test."""
     where = os.environ.get("SUITE_SERIAL_FILES")
-    if not where:
+    # only a run of the whole tree (testpaths): a pytest that a test runs on its own file (test_hf_models) inherits
+    # the variable, and its list would leave out every other serial test
+    if not where or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
         return
     files = sorted({str(item.path.relative_to(config.rootpath)) for item in items if item.get_closest_marker("serial")})
     tmp = f"{where}.{os.getpid()}"  # each xdist worker writes the same list: whole, one rename each
