@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import select
 import signal
 import subprocess
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 _JOIN = 'echo 0 > "$0" && exec "$@"'
 _DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd >= 251 on a Delegate=yes cgroup
 _ROOT_PREFIX = "freeride-"  # + a hash of the state dir: one agent's tree of worker groups
+_ROOT_NAME = re.compile(re.escape(_ROOT_PREFIX) + "[0-9a-f]{12}")
 _KILL_ROUNDS = 100  # SIGKILL rounds over cgroup.procs without cgroup.kill (a fork bomb racing the kill)
 
 
@@ -199,9 +201,12 @@ def _remove(group: Path) -> bool:
 
 def _remove_empty_roots(base: Path, keep: Path) -> None:
     """Empty trees of agents that were killed (their state dirs may never be used again); a live agent
-    whose tree is empty just now makes it again at its next worker."""
+    whose tree is empty just now makes it again at its next worker. Only what is named exactly as an agent
+    names its tree (the prefix and 12 hex digits): a group of anyone else's that merely starts with the prefix is
+    not ours, even empty (the suite's `freeride-test-…`, made just before a process moved into it, was swept by
+    an agent starting beside it, and that move failed)."""
     for root in base.glob(f"{_ROOT_PREFIX}*"):
-        if root == keep or not root.is_dir():
+        if root == keep or not _ROOT_NAME.fullmatch(root.name) or not root.is_dir():
             continue
         for group in root.iterdir():
             if group.is_dir() and not _alive(group.name.rpartition("-")[2]):

@@ -93,3 +93,23 @@ def test_a_delegated_cgroup_gets_an_agent_leaf_and_a_workers_tree(base: Path, tm
     root, why, own = json.loads(out.stdout)
     assert root == str(base / "workers"), why
     assert own.strip().endswith(f"/{base.name}/agent")  # the agent left the unit's cgroup for its leaf
+
+
+def test_an_agent_sweeps_only_trees_named_as_an_agent_names_its_own(base: Path, tmp_path: Path) -> None:
+    """A starting agent removes the empty trees of agents that died beside it, and nothing else whose name merely
+    starts the same, even empty: this file's own `freeride-test-…` group was swept by an agent started in
+    another test, between its creation and a process's move into it."""
+    mount = v2_mount()
+    assert mount is not None
+    dead = base / "freeride-0123456789ab"  # a killed agent's tree: its task group's agent pid is gone
+    (dead / "task-1-1-999999999").mkdir(parents=True)
+    other = base / "freeride-test-notmine"
+    (other / "agent").mkdir(parents=True)  # empty, as a group is until its first process moves in
+    (tmp_path / "cgroup").write_text(f"0::/{base.relative_to(mount)}\n")
+    code = ("import sys; from pathlib import Path; from freeride.agent.procs.cgroups import open_cgroups; "
+            "t, why = open_cgroups(Path(sys.argv[1]), proc_cgroup=Path(sys.argv[2])); print(t and t.root, why)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state"), str(tmp_path / "cgroup")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.startswith(str(base / "freeride-")), out.stdout  # its own tree, beside the others
+    assert not dead.exists()
+    assert (other / "agent").is_dir()
