@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 _JOIN = 'echo 0 > "$0" && exec "$@"'
 _DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd >= 251 on a Delegate=yes cgroup
 _ROOT_PREFIX = "freeride-"  # + a hash of the state dir: one agent's tree of worker groups
-_ROOT_NAME = re.compile(re.escape(_ROOT_PREFIX) + "[0-9a-f]{12}")
+_ROOT_HASH_DIGITS = 12
+_ROOT_NAME = re.compile(re.escape(_ROOT_PREFIX) + f"[0-9a-f]{{{_ROOT_HASH_DIGITS}}}")  # what the sweep may take
 _KILL_ROUNDS = 100  # SIGKILL rounds over cgroup.procs without cgroup.kill (a fork bomb racing the kill)
 
 
@@ -255,7 +256,7 @@ def open_cgroups(
             (base / "agent" / "cgroup.procs").write_text(str(os.getpid()))
             root = base / "workers"
         else:
-            key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+            key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:_ROOT_HASH_DIGITS]
             root = base / f"{_ROOT_PREFIX}{key}"
             _remove_empty_roots(base, keep=root)
         root.mkdir(exist_ok=True)

@@ -22,7 +22,7 @@ from support.agents import Agents
 from support.jitter import Jitter, judge
 
 from freeride.tooling.bench.pipeline import SCHEDULES, SINGLE, PipelineConfig, launch, launch_series
-from freeride.tooling.trace import simulate_iteration
+from freeride.tooling.trace import Segment, simulate_iteration
 from freeride.v1 import trainer_pb2
 
 P, M, F_MS, B_MS = 4, 4, 10.0, 20.0
@@ -52,10 +52,15 @@ def ms(b: dict[str, Any]) -> float:
     return (b["end_ns"] - b["start_ns"]) / 1e6
 
 
+def simulated(schedule: str, f_ms: float, b_ms: float) -> list[list[Segment]]:
+    """One iteration of every rank of the schedule in theory, each forward and backward taking `f_ms` and `b_ms`."""
+    return simulate_iteration(schedule, P, M, f_ms / 1e3, b_ms / 1e3, 0.0, random.Random(0))
+
+
 def theory(schedule: str, rank: int, f_ms: float = F_MS, b_ms: float = B_MS) -> list[float]:
     """Bubbles of a torch schedule (no barrier between steps: a stage's drain merges into its next fill), with each
     forward and backward taking `f_ms` and `b_ms` (the run's own: its sleeps and each operation's overhead)."""
-    segs = simulate_iteration(schedule, P, M, f_ms / 1e3, b_ms / 1e3, 0.0, random.Random(0))[rank]
+    segs = simulated(schedule, f_ms, b_ms)[rank]
     lengths = [s.duration_s * 1e3 for s in segs if s.bubble]
     kinds = [s.kind for s in segs if s.bubble]
     if kinds[-1] == trainer_pb2.BUBBLE_KIND_DRAIN and rank > 0:
@@ -65,8 +70,7 @@ def theory(schedule: str, rank: int, f_ms: float = F_MS, b_ms: float = B_MS) -> 
 
 def makespan_ms(schedule: str, f_ms: float, b_ms: float) -> float:
     """One iteration's length in theory: the step's period (its drain overlaps the next fill on no rank's clock)."""
-    ranks = simulate_iteration(schedule, P, M, f_ms / 1e3, b_ms / 1e3, 0.0, random.Random(0))
-    return max(sum(s.duration_s for s in segs) for segs in ranks) * 1e3
+    return max(sum(s.duration_s for s in segs) for segs in simulated(schedule, f_ms, b_ms)) * 1e3
 
 
 def overhead_per_op_ms(schedule: str, step_ms: float, f_ms: float, b_ms: float) -> float:
