@@ -12,7 +12,12 @@ The verdicts, in the order they are judged:
             sample may be all that keeps the task out; drop it (StepEstimator.forget_outlier) and judge again,
             or NO_FIT if none was dropped
   PROBE     the task's declared smallest step fit none of PROBE_AFTER_WINDOWS windows in a row: one step anyway,
-            which sizes itself to what is left (only a step can refresh what a task declares)
+            which sizes itself to what is left (only a step can refresh what a task declares); or all that is
+            known is the left-out warm-up step, far beyond every window (Estimates.cold), and it fit none of as
+            many windows: one step re-measures it. A first step pays for lazy set-up (imports, connections,
+            kernels, a compile) and a loaded machine may stretch it tenfold: judged by it for good, a task whose
+            later steps fit would never step again. Once: that step's sample replaces it, and a step really that
+            long stays out (a lone sample far beyond is kept: StepEstimator.forget_outlier)
   NO_FIT    the next step would not fit: give the window back
 """
 
@@ -59,6 +64,7 @@ class Estimates:
     declared_ns: int | None = None
     measured_ns: int | None = None
     longest_window_ns: int = 0
+    cold: bool = False  # measured_ns is the left-out warm-up step, the only step measured (far beyond every window)
 
     @property
     def next_step_ns(self) -> int | None:
@@ -92,8 +98,9 @@ def judge(word: WindowWord, now_ns: int, held: Held, est: Estimates) -> Decision
     if held.stepped:
         return Decision(Verdict.NO_FIT, unfit)
     if est.declared_ns is None:
-        return Decision(Verdict.OUTLIER, unfit)
-    if est.far_beyond(est.declared_ns):
+        if not est.cold:
+            return Decision(Verdict.OUTLIER, unfit)
+    elif est.far_beyond(est.declared_ns):
         return Decision(Verdict.NO_FIT, unfit)
     if unfit + 1 >= PROBE_AFTER_WINDOWS:
         return Decision(Verdict.PROBE, 0)

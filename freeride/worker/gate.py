@@ -113,7 +113,8 @@ class StepGate:
 
     def _measured_ns(self) -> int | None:
         """The measured estimate; with none yet, the left-out warm-up step when it was far beyond the longest
-        window (a step run to measure again would overrun by about as much: it is not run)."""
+        window (a step run to measure again could overrun by about as much: it is run once only, after a whole
+        series of windows it fit none: freeride.worker.fit's PROBE)."""
         est = self.estimator.estimate_ns()
         if est is None:
             cold = self.estimator.cold_ns()
@@ -178,8 +179,9 @@ class StepGate:
         if not self._wid:
             return judge(word, self._clock(), held, Estimates())
         declared = self._declared_ns()
-        est = Estimates(declared, self._measured_ns() if declared is None else None, self._longest_window_ns)
-        return judge(word, self._clock(), held, est)
+        measured = self._measured_ns() if declared is None else None
+        cold = measured is not None and self.estimator.estimate_ns() is None  # the warm-up step alone
+        return judge(word, self._clock(), held, Estimates(declared, measured, self._longest_window_ns, cold))
 
     def _take(self, word: WindowWord, woke_ns: int) -> None:
         """A new window: the task's threads back to full speed, the window's end and when it was seen."""

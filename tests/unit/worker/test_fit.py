@@ -45,6 +45,15 @@ ROWS = [
      Held(3, NOW + 10 * MS, 2, unfit_windows=PROBE_AFTER_WINDOWS - 1),
      Estimates(declared_ns=(FAR_BEYOND * 10 + 1) * MS, longest_window_ns=10 * MS), Verdict.NO_FIT,
      PROBE_AFTER_WINDOWS - 1),
+    ("the warm-up step alone, far beyond: no outlier to drop, the window is counted", OPEN3, HELD,
+     Estimates(measured_ns=(FAR_BEYOND * 10 + 1) * MS, longest_window_ns=10 * MS, cold=True), Verdict.NO_FIT, 1),
+    ("the warm-up step alone fit none of the last windows: one step re-measures it", OPEN3,
+     Held(3, NOW + 10 * MS, 2, unfit_windows=PROBE_AFTER_WINDOWS - 1),
+     Estimates(measured_ns=(FAR_BEYOND * 10 + 1) * MS, longest_window_ns=10 * MS, cold=True), Verdict.PROBE, 0),
+    ("a measured sample far beyond, not the warm-up: never a probe", OPEN3,
+     Held(3, NOW + 10 * MS, 2, unfit_windows=PROBE_AFTER_WINDOWS - 1),
+     Estimates(measured_ns=(FAR_BEYOND * 10 + 1) * MS, longest_window_ns=10 * MS), Verdict.OUTLIER,
+     PROBE_AFTER_WINDOWS - 1),
 ]
 
 

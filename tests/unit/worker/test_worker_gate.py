@@ -210,43 +210,80 @@ def test_the_window_done_says_when_the_worker_saw_the_grant(tmp_path: Path) -> N
     assert granted <= done.woke_ns <= returned  # the wait's end, or the read that found the grant
 
 
-def test_steps_far_longer_than_every_window_are_not_run_again_to_measure_them(tmp_path: Path) -> None:
-    """Two-second steps, 60 ms windows: the first step is measured (nothing was known), then no step runs on no
-    evidence, neither the one after the left-out warm-up step nor a lone sample's re-measure."""
-    h = Harness(tmp_path)
-    h.gate.estimator = StepEstimator(warmup_steps=1)  # as the worker has it
-    window_ns = 60_000_000
-    h.writer.grant(1, time.monotonic_ns() + window_ns)
-    h.gate.acquire()  # nothing known: the first step runs
-    start = time.monotonic_ns()
-    h.gate.step_done(start, start + 2_000_000_000)  # and takes 2 s (left out of the estimate: a warm-up)
+class _FarBeyond:
+    """A worker whose first step (the left-out warm-up) took 2 s against 60 ms windows (as StepGate has it)."""
 
-    def refused(window_id: int) -> tuple[int, int]:
-        """Grant a 60 ms window; the worker must give it back unstepped. (window, estimate reported)."""
+    WINDOW_NS = 60_000_000
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.h = h = Harness(tmp_path)
+        h.gate.estimator = StepEstimator(warmup_steps=1)  # as the worker has it
+        h.writer.grant(1, time.monotonic_ns() + self.WINDOW_NS)
+        h.gate.acquire()  # nothing known: the first step runs
+        self.step(2_000_000_000)  # and takes 2 s (left out of the estimate: a warm-up)
+        h.gate.close(EndReason.REVOKED)
+        self.next_id = 2
+
+    def step(self, duration_ns: int) -> None:
+        start = time.monotonic_ns()
+        self.h.gate.step_done(start, start + duration_ns)  # recorded, not slept
+
+    def window(self) -> tuple[bool, int]:
+        """Grant the next 60 ms window: whether a step ran in it, and the estimate the agent heard (0: none yet)."""
+        h, wid = self.h, self.next_id
+        self.next_id += 1
         h.window_done.clear()
-        h.writer.grant(window_id, time.monotonic_ns() + window_ns)
+        h.sent.clear()
+        h.writer.grant(wid, time.monotonic_ns() + self.WINDOW_NS)
         stopped: list[BaseException] = []
+        returned: list[bool] = []
 
         def acquire() -> None:
             try:
                 h.gate.acquire()
+                returned.append(True)
+                h.window_done.set()  # (the one event waited for: a window given back, or a step may run)
             except TaskStop as exc:
                 stopped.append(exc)
 
         waiter = threading.Thread(target=acquire, daemon=True)
         waiter.start()
         assert h.window_done.wait(5)
-        done = h.sent[-1].window_done
+        if returned:  # acquire returned: a step may run
+            waiter.join(5)
+            h.gate.close(EndReason.REVOKED)
+            return True, 0
+        (done,) = [m.window_done for m in h.sent if m.WhichOneof("body") == "window_done"]
+        assert done.window_id == wid
         h.shared.lost = True  # then end its wait for the next window
         h.shared.wake()
         waiter.join(5)
         h.shared.lost = False
         assert stopped  # it was still waiting: no step ran in that window
-        return done.window_id, done.step_estimate_ns
+        return False, done.step_estimate_ns
 
-    assert refused(2) == (2, 2_000_000_000)  # judged by the warm-up step, and the agent hears it
-    h.gate.estimator.add(2_000_000_000)  # a lone sample (as a second step would have left)
-    assert refused(3) == (3, 2_000_000_000)  # kept: not forgotten to measure it again
+
+def test_steps_far_longer_than_every_window_are_run_again_once_to_measure_them_then_never(tmp_path: Path) -> None:
+    """Two-second steps, 60 ms windows (fix 20, fix 69): the first step is measured (nothing was known); no step runs
+    on the left-out warm-up step until a whole series of windows it fit none (the agent's re-probe series: as many
+    windows); then one, to measure it again; that sample, as long, keeps it out for good."""
+    run = _FarBeyond(tmp_path)
+    refused = [run.window() for _ in range(PROBE_AFTER_WINDOWS - 1)]
+    assert refused == [(False, 2_000_000_000)] * (PROBE_AFTER_WINDOWS - 1)  # judged by the warm-up; the agent hears
+    assert run.window() == (True, 0)  # the last window of the series: one step re-measures it
+    run.step(2_000_000_000)  # as long: a lone sample, far beyond
+    after = [run.window() for _ in range(3 * PROBE_AFTER_WINDOWS)]
+    assert after == [(False, 2_000_000_000)] * (3 * PROBE_AFTER_WINDOWS)  # kept: never measured again
+
+
+def test_a_first_step_slowed_by_lazy_set_up_does_not_keep_a_task_out_for_good(tmp_path: Path) -> None:
+    """The warm-up step took 2 s (imports, a connection, a compile; a loaded machine), later steps take 5 ms: judged by
+    the warm-up alone, the task would never step again (it starved, 2026-11-29: a pool task restarted under load
+    never stepped again, so it never heard Redis was down). One series of windows later it is re-measured."""
+    run = _FarBeyond(tmp_path)
+    assert [run.window()[0] for _ in range(PROBE_AFTER_WINDOWS)] == [False] * (PROBE_AFTER_WINDOWS - 1) + [True]
+    run.step(5_000_000)  # the re-measure: 5 ms
+    assert [run.window()[0] for _ in range(4)] == [True] * 4  # it fits: it steps in every window
 
 
 def test_a_closed_pipe_is_caught_even_when_a_file_the_task_opened_took_its_number(tmp_path: Path) -> None:
