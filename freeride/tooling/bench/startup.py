@@ -65,7 +65,10 @@ def settings(text: str) -> tuple[str, ...]:
     return tuple(s for s in SETTINGS if s in given)
 
 
-def _ratios(plain: list[float], inst: list[float]) -> dict[str, Any]:
+def job_ratios(plain: list[float], inst: list[float]) -> dict[str, Any]:
+    """One figure over the runs: the medians of plain and instrumented jobs, the median of the pairs' ratios (job k
+    instrumented / job k plain, each pair back to back), and the null: the median of consecutive plain jobs' ratios
+    (None with one run)."""
     pairs = [i / p for p, i in zip(plain, inst, strict=True)]
     null = [b / a for a, b in itertools.pairwise(plain)]
     return {"plain": round(statistics.median(plain), 3), "instrumented": round(statistics.median(inst), 3),
@@ -92,7 +95,7 @@ def run(ns: argparse.Namespace, cfg: PipelineConfig, path: str) -> dict[str, Any
                                                        root / f"run{k}{int(instrument)}", fork=False))
         figures: dict[str, Any] = {}
         for name, part in (("first", first), ("steady", steady)):
-            figures[name] = {key: _ratios([_job(r, key, part) for r in jobs[False]],
+            figures[name] = {key: job_ratios([_job(r, key, part) for r in jobs[False]],
                                           [_job(r, key, part) for r in jobs[True]])
                              for key in ("step_ms", "step_cpu_ms", "step_process_cpu_ms")}
         last = jobs[True][-1]
