@@ -112,13 +112,22 @@ class Agents:
         self.collectors: list[WindowCollector] = []
 
     def start(self) -> Agents:
-        for proc in self.procs:
-            proc.start()
-            client = proc.client()
-            task = client.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"}))
-            wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
-            self.clients.append(client)
-            self.collectors.append(WindowCollector(client))
+        """Every agent up side by side, then each given its task; back once every task is READY (the agents' imports,
+        checks and workers overlap: one at a time, four took 4.6 s on the 2-core VM)."""
+        try:
+            for proc in self.procs:
+                proc.spawn()
+            for proc in self.procs:
+                proc.wait_ready()
+                self.clients.append(proc.client())
+            tasks = [c.submit(tasks_pb2.TaskSpec(ref="freeride.tooling.tasks:SleepTask", args={"step_ms": "1"}))
+                     for c in self.clients]
+            for client, task in zip(self.clients, tasks, strict=True):
+                wait_for_task(client, task.id, [tasks_pb2.TASK_STATE_READY])
+                self.collectors.append(WindowCollector(client))
+        except BaseException:
+            self.stop()  # none left running for a start that failed half-way
+            raise
         return self
 
     def stop(self) -> None:

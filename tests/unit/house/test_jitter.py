@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from support import jitter
-from support.jitter import LOADED_OVERSHOOT_MS, Jitter, assert_within, judge
+from support.jitter import LOADED_OVERSHOOT_MS, Jitter, assert_within, judge, loaded_past_cores
 
 
 def test_the_overshoot_is_per_sleep_and_never_negative() -> None:
@@ -43,3 +45,21 @@ def test_a_latency_over_its_limit_skips_on_a_late_waking_machine_and_fails_on_a_
     monkeypatch.setattr(jitter, "wakeup_overshoot_ms", lambda: late_ms)
     with pytest.raises(outcome, match=words):
         assert_within(2.5, 1.0, "a call")
+
+
+@pytest.mark.parametrize(("cores", "workers", "load", "loaded"), [
+    (2, "", 2.9, False),  # the serial run: past the cores by less than a core
+    (2, "", 3.0, True),
+    (2, "2", 2.5, False),  # a worker per core: their own load is no reason to skip
+    (2, "3", 3.3, False),  # three workers on an idle 2-core machine read 2.5-3.2
+    (2, "3", 4.0, True),
+    (16, "16", 12.0, False),
+])
+def test_the_load_that_excuses_a_failure_is_past_the_cores_and_the_suites_own_workers(
+    monkeypatch: pytest.MonkeyPatch, cores: int, workers: str, load: float, loaded: bool
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    said, figures = loaded_past_cores()
+    assert said is loaded and f"at load {load:.1f} on {cores} cores" in figures
