@@ -17,7 +17,9 @@ from support.cli import assert_usage_error, run_freeride
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess
 
-pytestmark = pytest.mark.serial  # a real-time pipeline: iteration time and bubble fraction bounded
+# The tests of the live run are serial: a real-time pipeline, its iteration time and bubble fraction bounded (the
+# refusals of a bad file need no run: with the rest).
+SERIAL = pytest.mark.serial
 
 P, M, F_MS, B_MS, ITERATIONS = 4, 4, 10.0, 20.0, 8
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -45,6 +47,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
             assert proc.stop() == 0, proc.log_tail()
 
 
+@SERIAL
 def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(profiled):
     root, _, out, _ = profiled
     stages = out["stages"]
@@ -73,6 +76,7 @@ def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(p
     assert (root / "profile.png").read_bytes().startswith(PNG_MAGIC)
 
 
+@SERIAL
 def test_a_recording_gives_the_same_profile_anywhere(profiled):
     _, _, live, rec = profiled
     res = run_freeride("profile", "--from", rec, "--json", "--step-ms", "1,5,20", env={**os.environ,
@@ -84,6 +88,7 @@ def test_a_recording_gives_the_same_profile_anywhere(profiled):
     assert "theory 42.9% ((p-1)/(m+p-1))" in table.stdout and "5ms" in table.stdout
 
 
+@SERIAL
 @pytest.mark.parametrize(("argv", "words"), [
     (["--step-ms", "5,abc"], ["--step-ms", "like 1,5,20"]),
     (["--step-ms", "0"], ["positive"]),

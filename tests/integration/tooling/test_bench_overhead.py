@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.serial  # the overhead bench times plain and harvested steps
-
 KEYS = {"step_ms_plain", "step_ms_harvested", "slowdown", "harvested_s", "bubble_s", "efficiency",
         "trace_bubble_s", "efficiency_of_trace", "stop_after_end_ms_p50", "stop_after_end_ms_max", "neighbour",
         "neighbour_sleep_ghz"}
@@ -32,6 +30,7 @@ def test_without_cuda_it_says_it_needs_a_gpu_in_one_line() -> None:
                                   "--device cpu runs it as a smoke test that is not representative")
 
 
+@pytest.mark.serial  # the overhead bench times plain and harvested steps (the refusal above needs no quiet)
 def test_on_cpu_the_replay_runs_and_is_labelled_not_representative() -> None:
     # Stage 0 of 4 waits (p-1)(F+B) per iteration: bubbles of several ms even for this small block.
     res = _bench("--device", "cpu", "-p", "4", "-m", "4", "--stage", "0", "--hidden", "256", "--seq", "64",

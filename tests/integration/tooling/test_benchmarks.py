@@ -103,11 +103,9 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
-# Serial though it judges no figure: DeepSpeed jobs of two ranks, pinned to the first two CPUs, beside three xdist
-# workers' tests took past 240 s (and slowed those tests: the parallel phase 842 s against 492 s). One setting, the
-# product's (agents whose task fits no bubble), five jobs: the others run the same loop with no agent or no task.
-# 114-126 s on the 2-core runner with all three settings, 65 s with two.
-@SERIAL
+# Judges no figure: the shape of the start-up bench's output. One setting, the product's (agents whose task fits no
+# bubble), five jobs: the others run the same loop with no agent or no task. Alone it takes 29 s and ~50 CPU-seconds;
+# in the parallel phase since 2026-11-29 (five jobs; fourteen, beside three workers' tests, once ran past 240 s).
 @pytest.mark.timeout(300)
 def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]

@@ -110,7 +110,8 @@ def demo(tmp_path: Path) -> Iterator[type[Demo]]:
         d.kill()
 
 
-@pytest.mark.serial  # real-time training, a stage per core: its slowdown and efficiency
+# Not serial: it judges no figure of the machine (the slowdown within (-1, 10), some harvest on each stage, the loss
+# down), and its ~50 CPU-seconds fit the parallel phase better than 29 s alone in the serial one (2026-11-29).
 @pytest.mark.timeout(240)
 def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behind(demo):
     d = demo()

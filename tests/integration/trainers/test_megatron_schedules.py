@@ -8,6 +8,7 @@ model twice, plain and instrumented; the only harness is its `cpu_shims` (Megatr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -46,21 +47,36 @@ def two_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
         a.stop()
 
 
-def _run(schedule: str, agents: Agents, out_dir: Path) -> list[dict[str, Any]]:
-    agents.launch(lambda rank: [sys.executable, str(RANK), schedule, str(out_dir / f"rank{rank}.json")], out_dir,
-                  PYTHONWARNINGS="ignore")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(RANKS)]
+SCHEDULES = {"1f1b": "forward_backward_pipelining_without_interleaving",
+             "interleaved": "forward_backward_pipelining_with_interleaving"}
 
 
-@pytest.mark.parametrize(("schedule", "function"), [
-    ("1f1b", "forward_backward_pipelining_without_interleaving"),
-    ("interleaved", "forward_backward_pipelining_with_interleaving"),
-])
-def test_megatrons_real_schedule_reports_every_steps_waits_and_trains_the_same(
-    schedule: str, function: str, two_agents: Agents, tmp_path: Path
-) -> None:
+@dataclasses.dataclass
+class Trained:
+    results: dict[str, list[dict[str, Any]]]  # per schedule, each rank's
+    bubbles_seen: list[int]  # what each rank's agent counted meanwhile
+
+
+@pytest.fixture(scope="module")
+def trained(two_agents: Agents, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """Both schedules, one after the other, in one launch of the ranks (Megatron imported once a rank)."""
+    out = tmp_path_factory.mktemp("megatron")
     seen_before = [c.stats().gpu.bubbles for c in two_agents.clients]
-    results = _run(schedule, two_agents, tmp_path)
+    two_agents.launch(lambda rank: [sys.executable, str(RANK), ",".join(SCHEDULES),
+                                    str(out / f"rank{rank}-{{schedule}}.json")], out, PYTHONWARNINGS="ignore")
+    results = {s: [json.loads((out / f"rank{r}-{s}.json").read_text()) for r in range(RANKS)] for s in SCHEDULES}
+    return Trained(results, [c.stats().gpu.bubbles - b for c, b in zip(two_agents.clients, seen_before, strict=True)])
+
+
+def _waits(res: dict[str, Any]) -> list[list[int]]:
+    return [b for b in res["instrumented"]["bubbles"] if b[2] != BETWEEN]
+
+
+@pytest.mark.parametrize(("schedule", "function"), SCHEDULES.items())
+def test_megatrons_real_schedule_reports_every_steps_waits_and_trains_the_same(
+    schedule: str, function: str, trained: Trained
+) -> None:
+    results = trained.results[schedule]
     print(f"megatron-core {results[0]['megatron_core']}, CPU shims in {results[0]['shimmed']}")
     for r, res in enumerate(results):
         plain, inst = res["plain"], res["instrumented"]
@@ -69,7 +85,7 @@ def test_megatrons_real_schedule_reports_every_steps_waits_and_trains_the_same(
         # Training is bit-identical with and without freeride, and Megatron's own timers saw every call.
         assert (inst["losses"], inst["params_sha256"]) == (plain["losses"], plain["params_sha256"]), r
         assert inst["timer_calls"] == plain["timer_calls"] and inst["timers_restored"], r
-        waits = [b for b in inst["bubbles"] if b[2] != BETWEEN]
+        waits = _waits(res)
         for it, calls in enumerate(inst["timer_calls"]):
             started = Counter(name for name, what in calls if what == "start")
             receives = sum(n for name, n in started.items() if name in RECEIVING_TIMERS)
@@ -81,8 +97,11 @@ def test_megatrons_real_schedule_reports_every_steps_waits_and_trains_the_same(
             # Every receive and, a CPU stage's sends blocking (gloo), every send is a timed wait
             assert len(step) == receives + sends, (r, it, started, step)
             assert sum(b[2] == DRAIN for b in step) == sends, (r, it, step)  # a send waits for the neighbour to take it
-        reported = sum(b[3] for b in waits)
-        assert reported > 0, (r, waits)
-        assert two_agents.clients[r].stats().gpu.bubbles - seen_before[r] == reported  # each reached its rank's agent
+        assert sum(b[3] for b in waits) > 0, (r, waits)
     assert all(res["plain"]["losses"][-1] == [] for res in results[:-1])  # the losses come out of the last stage
     assert len(results[-1]["plain"]["losses"][-1]) == 4
+
+
+def test_every_reported_wait_of_both_schedules_reached_its_ranks_agent(trained: Trained) -> None:
+    reported = [sum(b[3] for results in trained.results.values() for b in _waits(results[r])) for r in range(RANKS)]
+    assert trained.bubbles_seen == reported
