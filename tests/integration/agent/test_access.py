@@ -89,7 +89,8 @@ def test_tcp_calls_need_the_token_and_refusals_are_logged_with_the_peer(secured)
         assert good.stats().gpu.gpu == 0
     with agent.client() as local:  # the unix socket needs no token: its permissions are the control
         assert local.stats().gpu.gpu == 0
-    refusals = [line for line in agent.log_tail(200).splitlines() if "refused" in line]
+    refusals = [line for line in agent.log_tail(200).splitlines()
+                if "refused" in line and "doctor:" not in line]  # (a full-ish disk's warning says "refused" too)
     assert len(refusals) == 5 and all("ipv4:127.0.0.1:" in line for line in refusals), refusals
     assert any("no token" in line for line in refusals) and any("wrong token" in line for line in refusals)
 

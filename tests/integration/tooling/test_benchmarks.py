@@ -103,9 +103,11 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
-# Judges no figure: the shape of the start-up bench's output. One setting, the product's (agents whose task fits no
-# bubble), five jobs: the others run the same loop with no agent or no task. Alone it takes 29 s and ~50 CPU-seconds;
-# in the parallel phase since 2026-11-29 (five jobs; fourteen, beside three workers' tests, once ran past 240 s).
+# Serial though it judges no figure (the shape of the start-up bench's output): alone it takes 29 s and ~50
+# CPU-seconds, which in the parallel phase cost about what they save here (tried 2026-11-29; fourteen jobs beside three
+# workers' tests once ran past 240 s). One setting, the product's (agents whose task fits no bubble), five jobs: the
+# others run the same loop with no agent or no task.
+@SERIAL
 @pytest.mark.timeout(300)
 def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
