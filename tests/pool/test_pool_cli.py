@@ -1,4 +1,4 @@
-"""`freeride pool …` as a real subprocess against a real redis-server.
+"""`freeride pool …` against a real redis-server, in this process (the entry point itself: test_cli.py).
 
 Bad input, a missing pool, a Redis that does not answer or refuses the password: exit code 2 and
 one line on stderr, never a traceback and never the password.
@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from support.cli import clean_env, run_freeride
+from support.cli import InProcess, clean_env
 from support.redis_server import RedisServer
 
 from freeride.pool import DEFAULT_LEASE_S, DEFAULT_MAX_TRIES, Pool, parse_pool_url
@@ -27,9 +27,14 @@ def _env(**extra: str) -> dict[str, str]:
     return clean_env(columns=None, **extra)
 
 
+_CLI = InProcess()
+
+
 def freeride(*args: object, stdin: str | None = None, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:
-    return run_freeride(*args, stdin=stdin, env=env or _env())
+    """`freeride ARGS` in this process (support.cli.InProcess: its exit code and output as the command's; about 0.3
+    CPU-s less a call than a new interpreter); (the entry point's own test: integration/cli/test_cli.py)."""
+    return _CLI(*args, stdin=stdin, env=env or _env())
 
 
 def ok(res: subprocess.CompletedProcess[str]) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.agents import FAST, TASKS, bubbles, drive, spec
-from support.cli import assert_usage_error, clean_env, run_freeride
+from support.cli import InProcess, assert_usage_error, clean_env, run_freeride
 from support.paths import REPO
 
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task, wait_for_trainers
@@ -29,37 +28,9 @@ STARTING = tasks_pb2.TASK_STATE_STARTING
 REL_TASKS = str(TASKS.relative_to(REPO))  # tests/tasks/behaviours.py, relative to the cwd REPO
 
 
-class InProcess:
-    """`freeride ARGS` in this process: the same answer as the subprocess (exit code, stdout, stderr), without a
-    new interpreter per call (about half a second each on a loaded 2-core runner)."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-        self._capsys = capsys
-        self._monkeypatch = monkeypatch
-
-    def __call__(self, *args: object, cwd: Path = REPO, env: dict[str, str] | None = None,
-                 timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        from freeride.main import main
-
-        argv = [str(a) for a in args]
-        with self._monkeypatch.context() as m:
-            for key in [k for k in os.environ if k not in (env or clean_env())]:
-                m.delenv(key)
-            for key, value in (env or clean_env()).items():
-                m.setenv(key, value)
-            m.chdir(cwd)
-            self._capsys.readouterr()  # what came before is not this call's
-            try:
-                code = main(argv)
-            except SystemExit as exc:  # argparse's usage errors
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = self._capsys.readouterr()
-        return subprocess.CompletedProcess(["freeride", *argv], code or 0, out, err)
-
-
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> InProcess:
-    return InProcess(capsys, monkeypatch)
+def cli() -> InProcess:
+    return InProcess()
 
 
 def test_the_entry_point_is_the_same_command_in_a_subprocess(shared_agent, cli):
