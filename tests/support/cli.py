@@ -60,7 +60,9 @@ class InProcess:
         from freeride.main import main
 
         argv = [str(a) for a in args]
-        out, err = io.StringIO(), io.StringIO()
+        # text streams over bytes, as a process's are (`logs` writes the log's own bytes to sys.stdout.buffer)
+        raw = [io.BytesIO(), io.BytesIO()]
+        out, err = (io.TextIOWrapper(b, encoding="utf-8", write_through=True) for b in raw)
         with pytest.MonkeyPatch.context() as m, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             given = env or clean_env()
             for key in [k for k in os.environ if k not in given]:
@@ -73,4 +75,5 @@ class InProcess:
                 code = main(argv)
             except SystemExit as exc:  # argparse's usage errors
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        return subprocess.CompletedProcess(["freeride", *argv], code or 0, out.getvalue(), err.getvalue())
+        return subprocess.CompletedProcess(["freeride", *argv], code or 0, *(b.getvalue().decode(errors="replace")
+                                                                             for b in raw))

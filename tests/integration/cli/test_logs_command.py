@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from support.agents import FAST, BackgroundTrainer
-from support.cli import run_freeride
+from support.cli import InProcess
 from support.paths import TASK_FILES
 
 from freeride.client import AgentClient
@@ -18,6 +18,8 @@ from freeride.v1 import tasks_pb2
 
 S = tasks_pb2
 CHATTY = f"{TASK_FILES / 'escape.py'}:Chatty"
+
+freeride = InProcess()  # `freeride ARGS` in this process: its exit code and output, no interpreter per call
 
 
 def test_logs_of_a_failed_task_show_its_output_and_traceback(agent: AgentProcess, client: AgentClient) -> None:
@@ -30,16 +32,16 @@ def test_logs_of_a_failed_task_show_its_output_and_traceback(agent: AgentProcess
     # Every answer that carries the task names its log, not only Get and List.
     assert {t.id: t.log_path for t in client.stats().tasks}[task.id] == info.log_path
 
-    res = run_freeride("logs", task.id, "--agent", agent.socket)
+    res = freeride("logs", task.id, "--agent", agent.socket)
     assert res.returncode == 0, res.stderr
     assert "".join(f"line {i}\n" for i in range(6)) + "last line\n" in res.stdout
     assert "Traceback (most recent call last)" in res.stdout and "ValueError: the end" in res.stdout
 
-    tail = run_freeride("logs", task.id, "--tail", "3", "--agent", agent.socket)
+    tail = freeride("logs", task.id, "--tail", "3", "--agent", agent.socket)
     assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 3, tail.stdout
     assert tail.stdout == "".join(res.stdout.splitlines(keepends=True)[-3:])
 
-    show = run_freeride("show", task.id, "--agent", agent.socket)
+    show = freeride("show", task.id, "--agent", agent.socket)
     assert info.log_path in show.stdout, show.stdout
 
 
@@ -78,13 +80,13 @@ def test_a_task_printing_in_a_loop_stays_under_twice_the_cap(tmp_path: Path) -> 
         log = Path(client.get(task.id).log_path)
         old = log.with_name(log.name + ".1")
         assert log.stat().st_size <= cap and old.stat().st_size <= cap
-        out = run_freeride("logs", task.id, "--agent", agent.socket)
+        out = freeride("logs", task.id, "--agent", agent.socket)
         assert out.returncode == 0 and len(out.stdout) == log.stat().st_size + old.stat().st_size <= 2 * cap
         assert "line 119999\nlast line\n" in out.stdout  # the newest output is kept
 
 
 def test_logs_of_an_unknown_task_is_one_line_and_exit_2(agent: AgentProcess) -> None:
-    res = run_freeride("logs", "999", "--agent", agent.socket)
+    res = freeride("logs", "999", "--agent", agent.socket)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
     assert "no task with id '999'" in res.stderr and "Traceback" not in res.stderr
 
@@ -102,9 +104,9 @@ def test_an_agent_with_a_relative_state_dir_names_logs_absolutely_and_an_empty_l
             wait_for_task(c, task.id, [S.TASK_STATE_READY], timeout_s=30)
             log = c.get(task.id).log_path
             assert log == str(tmp_path / "state" / "logs" / f"task-{task.id}.log")
-            show = run_freeride("show", task.id, "--agent", socket)
+            show = freeride("show", task.id, "--agent", socket)
             assert log in show.stdout, show.stdout
-            res = run_freeride("logs", task.id, "--agent", socket)
+            res = freeride("logs", task.id, "--agent", socket)
             assert (res.returncode, res.stdout) == (0, ""), res.stderr
             assert res.stderr == f"task {task.id} has written no output yet (its log: {log})\n"
     finally:

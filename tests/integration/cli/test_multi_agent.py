@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 from support.agents import FAST, TASKS, bubbles, drive
-from support.cli import assert_usage_error, clean_env, run_freeride
+from support.cli import InProcess, assert_usage_error, clean_env
 
 from freeride.tooling.harness import AgentProcess, wait_for_task
 from freeride.v1 import tasks_pb2
 
 READY = tasks_pb2.TASK_STATE_READY
+
+freeride = InProcess()  # `freeride ARGS` in this process: its exit code and output, no interpreter per call
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[A
 
 def test_stats_over_repeated_agents_has_a_row_per_agent_and_totals(two):
     _root, procs = two
-    res = run_freeride("stats", "--agent", procs[0].socket, "--agent", procs[1].socket, "--json")
+    res = freeride("stats", "--agent", procs[0].socket, "--agent", procs[1].socket, "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert [a["gpu"]["gpu"] for a in out["agents"]] == [0, 1]
@@ -65,34 +67,34 @@ def test_stats_over_repeated_agents_has_a_row_per_agent_and_totals(two):
 def test_all_finds_every_socket_in_the_runtime_directory(two):
     root, procs = two
     env = clean_env(FREERIDE_SOCKET_DIR=str(root))
-    stats = json.loads(run_freeride("stats", "--all", "--json", env=env).stdout)
+    stats = json.loads(freeride("stats", "--all", "--json", env=env).stdout)
     assert [a["agent"] for a in stats["agents"]] == [p.target for p in procs]
-    tasks = json.loads(run_freeride("ls", "--all", "--json", env=env).stdout)
+    tasks = json.loads(freeride("ls", "--all", "--json", env=env).stdout)
     assert sorted((t["agent"], t["spec"]["name"]) for t in tasks) == [
         (procs[0].target, "a0"), (procs[1].target, "b1"), (procs[1].target, "b2")]
-    table = run_freeride("stats", "--all", env=env)
+    table = freeride("stats", "--all", env=env)
     assert table.returncode == 0 and "2 agents" in table.stdout and "all" in table.stdout
 
 
 def test_a_task_command_goes_to_the_agent_that_owns_the_id_or_fails_in_one_line(two):
     root, _procs = two
     env = clean_env(FREERIDE_SOCKET_DIR=str(root))
-    shown = run_freeride("show", "2", "--all", "--json", env=env)
+    shown = freeride("show", "2", "--all", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["spec"]["name"] == "b2"  # only GPU 1's agent has a task 2
-    assert "exists on" in assert_usage_error(run_freeride("pause", "1", "--all", env=env))  # both have a task 1
-    assert "no agent of 2 has task '9'" in assert_usage_error(run_freeride("cancel", "9", "--all", env=env))
-    assert "talks to one agent" in assert_usage_error(run_freeride("health", "--all", env=env))
+    assert "exists on" in assert_usage_error(freeride("pause", "1", "--all", env=env))  # both have a task 1
+    assert "no agent of 2 has task '9'" in assert_usage_error(freeride("cancel", "9", "--all", env=env))
+    assert "talks to one agent" in assert_usage_error(freeride("health", "--all", env=env))
 
 
 def test_all_with_an_empty_runtime_directory_says_where_it_looked(tmp_path):
-    line = assert_usage_error(run_freeride("stats", "--all", env=clean_env(FREERIDE_SOCKET_DIR=str(tmp_path))))
+    line = assert_usage_error(freeride("stats", "--all", env=clean_env(FREERIDE_SOCKET_DIR=str(tmp_path))))
     assert str(tmp_path) in line and "no agent sockets" in line
 
 
 def test_top_once_prints_tasks_and_gpus_of_every_agent(two):
     root, procs = two
-    res = run_freeride("top", "--once", "--all", env=clean_env(FREERIDE_SOCKET_DIR=str(root)))
+    res = freeride("top", "--once", "--all", env=clean_env(FREERIDE_SOCKET_DIR=str(root)))
     assert res.returncode == 0, res.stderr
     assert "2/2 agents" in res.stdout
     for word in ("a0", "b1", "b2", "READY", "steps=", procs[0].target, procs[1].target):
@@ -152,7 +154,7 @@ def test_all_skips_a_stale_socket_with_a_warning(two, tmp_path):
     for p in procs:
         (tmp_path / p.socket.name).symlink_to(p.socket)
     _stale_socket(tmp_path / "agent-gpu9.sock")  # left behind by an agent that died
-    res = run_freeride("stats", "--all", "--json", env=clean_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
+    res = freeride("stats", "--all", "--json", env=clean_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["agents"]) == 2
     assert "agent-gpu9.sock; skipped" in res.stderr
@@ -184,7 +186,7 @@ def _names(procs: list[AgentProcess]) -> list[list[str]]:
 
 def test_submit_all_gives_every_agent_the_task(pair):
     root, procs = pair
-    res = run_freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "everywhere",
+    res = freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "everywhere",
                    env=clean_env(FREERIDE_SOCKET_DIR=str(root)))
     assert res.returncode == 0 and res.stderr == "", res.stderr
     lines = res.stdout.splitlines()
@@ -194,7 +196,7 @@ def test_submit_all_gives_every_agent_the_task(pair):
         assert m, line
         with p.client() as c:
             assert c.get(m.group(1)).spec.name == "everywhere"
-    res = run_freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter",
+    res = freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter",
                        "step_ms=1", "--name", "json", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -209,7 +211,7 @@ def test_submit_all_says_which_agent_refused_and_the_others_keep_theirs(pair, tm
     for p in procs:
         (tmp_path / p.socket.name).symlink_to(p.socket)
     _stale_socket(tmp_path / "agent-gpu7.sock")  # left behind by an agent that died
-    res = run_freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "partly",
+    res = freeride("submit", "--all", f"{TASKS}:Counter", "step_ms=1", "--name", "partly",
                    env=clean_env(FREERIDE_SOCKET_DIR=str(tmp_path)))
     assert res.returncode == 2
     assert [line.split(": submitted")[0] for line in res.stdout.splitlines()] == [
@@ -219,7 +221,7 @@ def test_submit_all_says_which_agent_refused_and_the_others_keep_theirs(pair, tm
                     "with `freeride agent` or leave it out"
     assert [sorted([*names, "partly"]) for names in before] == _names(procs)
 
-    res = run_freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter", "nope=1",
+    res = freeride("submit", "--agent", procs[0].socket, "--agent", procs[1].socket, f"{TASKS}:Counter", "nope=1",
                    "--json")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.splitlines()) == 2 and all("no argument 'nope'" in e for e in res.stderr.splitlines())

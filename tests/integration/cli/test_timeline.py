@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.agents import FAST, BackgroundTrainer, spec
-from support.cli import assert_usage_error, run_freeride
+from support.cli import InProcess, assert_usage_error
 
 from freeride.client import AgentClient
 from freeride.tooling.harness import AgentProcess, WindowCollector, wait_for_task
@@ -20,6 +20,8 @@ from freeride.v1 import tasks_pb2
 READY = tasks_pb2.TASK_STATE_READY
 BUBBLES_MS = [20.0, 10.0]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+freeride = InProcess()  # `freeride ARGS` in this process: its exit code and output, no interpreter per call
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_the_agent_keeps_recent_bubbles_and_every_side_task_step(running):
 def test_timeline_writes_a_png_of_the_recent_activity(running, tmp_path):
     agent = running[0]
     out = tmp_path / "pics" / "agent.png"
-    res = run_freeride("timeline", "--out", out, "--span-ms", 200, "--agent", agent.socket, "--json")
+    res = freeride("timeline", "--out", out, "--span-ms", 200, "--agent", agent.socket, "--json")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["out"] == str(out) and summary["bubbles"] > 0 and summary["steps"] > 0
@@ -77,13 +79,13 @@ def test_timeline_writes_a_png_of_the_recent_activity(running, tmp_path):
     ([], ["--out"]),
 ])
 def test_timeline_bad_input_is_one_line(running, argv, words):
-    line = assert_usage_error(run_freeride("timeline", *argv, "--agent", running[0].socket))
+    line = assert_usage_error(freeride("timeline", *argv, "--agent", running[0].socket))
     for word in words:
         assert word in line
 
 
 def test_timeline_of_an_agent_without_bubbles_says_what_is_missing(agent, tmp_path):
-    line = assert_usage_error(run_freeride("timeline", "--out", tmp_path / "t.png", "--agent", agent.socket))
+    line = assert_usage_error(freeride("timeline", "--out", tmp_path / "t.png", "--agent", agent.socket))
     assert "no bubbles yet" in line and "trainer" in line
     assert not (tmp_path / "t.png").exists()
 
@@ -93,12 +95,12 @@ def test_ls_show_and_stats_show_each_tasks_latest_progress(running):
     counted = client.get(task_id).progress["count"]
     assert counted > 0
     for argv in (["ls"], ["show", task_id], ["stats"]):
-        res = run_freeride(*argv, "--agent", agent.socket)
+        res = freeride(*argv, "--agent", agent.socket)
         assert res.returncode == 0, res.stderr
         assert "count" in res.stdout, f"{argv}: {res.stdout}"
-    assert "count=" in run_freeride("ls", "--agent", agent.socket).stdout
-    listed = json.loads(run_freeride("ls", "--json", "--agent", agent.socket).stdout)
-    shown = json.loads(run_freeride("show", task_id, "--json", "--agent", agent.socket).stdout)
-    [stats] = json.loads(run_freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
+    assert "count=" in freeride("ls", "--agent", agent.socket).stdout
+    listed = json.loads(freeride("ls", "--json", "--agent", agent.socket).stdout)
+    shown = json.loads(freeride("show", task_id, "--json", "--agent", agent.socket).stdout)
+    [stats] = json.loads(freeride("stats", "--json", "--agent", agent.socket).stdout)["agents"]
     for info in (listed[0], shown, stats["tasks"][0]):
         assert info["progress"]["count"] >= counted  # the latest: it only grows while the trainer runs
