@@ -10,9 +10,11 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from support.cli import assert_usage_error, run_freeride
+from support.jitter import Jitter, judge
 
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
 from freeride.tooling.harness import AgentProcess
@@ -25,8 +27,16 @@ P, M, F_MS, B_MS, ITERATIONS = 4, 4, 10.0, 20.0, 8
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+class Profiled(NamedTuple):
+    root: Path
+    env: dict[str, str]
+    out: dict[str, Any]  # `profile --all --json`'s answer
+    rec: Path  # its recording
+    jitter: Jitter  # the run's own
+
+
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str], dict, Path]]:
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Profiled]:
     """A finished run's agents (still up), the CLI's environment, `profile --all --json`'s answer, its recording."""
     root = tmp_path_factory.mktemp("profile")
     procs = [AgentProcess(state_dir=root / f"state{r}", gpu=r).spawn() for r in range(P)]  # side by side
@@ -35,13 +45,16 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
             proc.wait_ready()
         cfg = PipelineConfig(schedule="1F1B", stages=P, microbatches=M, forward_ms=F_MS, backward_ms=B_MS,
                              iterations=ITERATIONS, instrument=True, socket_dir=str(root))
-        launch(cfg, root / "run")
+        results = launch(cfg, root / "run")
+        # the machine in this run: how far each rank's sleeps overshot (M forwards and M backwards an iteration)
+        jitter = Jitter.of_slices((res["compute_ms"][it], M * (F_MS + B_MS), 2 * M) for res in results
+                                  for it in range(2, ITERATIONS))
         env = {**os.environ, "FREERIDE_SOCKET_DIR": str(root)}
         rec = root / "job.profile.json"
         res = run_freeride("profile", "--all", "--json", "--step-ms", "1,5,20", "--record", rec, "--out",
                        root / "profile.png", env=env, timeout=60)
         assert res.returncode == 0, res.stderr
-        yield root, env, json.loads(res.stdout), rec
+        yield Profiled(root, env, json.loads(res.stdout), rec, jitter)
     finally:
         for proc in procs:
             assert proc.stop() == 0, proc.log_tail()
@@ -49,22 +62,28 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, d
 
 @SERIAL
 def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(profiled):
-    root, _, out, _ = profiled
+    root, _, out, _, jitter = profiled
     stages = out["stages"]
+    timing: list[str] = []  # judged against the run's own jitter (a loaded machine skips, saying so)
     assert [(s["gpu"], s["rank"], s["stage"]) for s in stages] == [(r, r, r) for r in range(P)]
     for s in stages:
         assert s["theory"]["schedule"] == "1F1B" and (s["theory"]["p"], s["theory"]["m"]) == (P, M)
         assert s["theory"]["fraction"] == pytest.approx((P - 1) / (M + P - 1))
         assert s["iterations"] == ITERATIONS
         # The iteration is m(F+B) of compute plus the bubbles: no shorter, and not much longer on a loaded runner.
-        assert M * (F_MS + B_MS) < s["iteration_ms"] < 3 * M * (F_MS + B_MS)
-        assert 0.15 < s["bubble_fraction"] < 0.7, s["bubble_fraction"]
+        assert s["iteration_ms"] > M * (F_MS + B_MS)
+        if not s["iteration_ms"] < 3 * M * (F_MS + B_MS):
+            timing.append(f"rank {s['rank']}: iteration {s['iteration_ms']:.1f} ms, over 3 m(F+B)")
+        if not 0.15 < s["bubble_fraction"] < 0.7:
+            timing.append(f"rank {s['rank']}: bubble fraction {s['bubble_fraction']:.2f}, not within 0.15-0.7")
         kinds = {sl["kind"] for sl in s["slots"]}
         assert kinds <= {"fill", "warm-up→first backward", "drain gap", "drain", "between steps"}, kinds
         assert all(sl["count"] >= 1 and sl["p95_ms"] >= sl["p50_ms"] >= 0 for sl in s["slots"])
         # A wait under 1 ms is not reported the next iteration (the trainer's rule); a real bubble nearly every
         # time (a rank late by a bubble's length on a loaded runner turns it into a short wait, once or twice).
-        assert all(sl["count"] >= ITERATIONS - 2 for sl in s["slots"] if sl["p50_ms"] >= F_MS / 2)
+        timing += [f"rank {s['rank']}: slot {sl['slot']} ({sl['kind']}, p50 {sl['p50_ms']:.1f} ms) seen "
+                   f"{sl['count']} of {ITERATIONS} iterations"
+                   for sl in s["slots"] if sl["p50_ms"] >= F_MS / 2 and sl["count"] < ITERATIONS - 2]
         # The slots' shares add up to the measured idle share (the harvestable ones).
         assert sum(sl["share"] for sl in s["slots"] if sl["kind"] != "between steps") == pytest.approx(
             s["bubble_fraction"], rel=0.1)
@@ -74,11 +93,12 @@ def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(p
         assert shares["1ms"] >= shares["20ms"]  # short steps fit where long ones do not
     assert any(sl["kind"] == "fill" for s in stages[1:] for sl in s["slots"])  # later stages wait for activations
     assert (root / "profile.png").read_bytes().startswith(PNG_MAGIC)
+    judge(timing, jitter, "the live profile's iterations and slots")
 
 
 @SERIAL
 def test_a_recording_gives_the_same_profile_anywhere(profiled):
-    _, _, live, rec = profiled
+    _, _, live, rec, _ = profiled
     res = run_freeride("profile", "--from", rec, "--json", "--step-ms", "1,5,20", env={**os.environ,
                    "FREERIDE_SOCKET_DIR": "/nonexistent"})  # no agent reachable: the file is enough
     assert res.returncode == 0, res.stderr
@@ -96,7 +116,7 @@ def test_a_recording_gives_the_same_profile_anywhere(profiled):
     (["--task", "nope"], ["task nope ran no step"]),
 ])
 def test_profile_bad_input_is_one_line(profiled, argv, words):
-    _, env, _, rec = profiled
+    _, env, _, rec, _ = profiled
     line = assert_usage_error(run_freeride("profile", "--from", rec, *argv, env=env))
     assert all(w in line for w in words), line
 
