@@ -116,7 +116,7 @@ def demo(tmp_path: Path) -> Iterator[type[Demo]]:
 @pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behind(demo):
-    d = demo()
+    d = demo("--blocks", "2")  # one baseline block and one harvest block: every part of the report, 6 iterations less
     code, stdout = d.finish(timeout_s=200)
     assert code == 0, "".join(d.stderr)[-4000:]
     report = json.loads(stdout)
