@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from support.agents import FAST, Agents
 from support.jitter import skip_if_loaded_past_cores
-from support.ordering import SlowFirst
 from support.redis_server import RedisServer, need_redis
 
 from freeride.agent.config import MAX_CHECK_TIMEOUT_S
@@ -28,10 +27,6 @@ os.environ.setdefault("FREERIDE_WORKER_AUTOGROUP", "0")
 # workers), importing torch for a shipped task took over 20 s, and a submit refused for the machine's speed says
 # nothing of the product. test_front_door gives its agent a short limit of its own, to test the limit itself.
 os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(SlowFirst(), "suite-slow-first")  # (support.ordering: a hook after -m's)
 
 
 @pytest.hookimpl(tryfirst=True)

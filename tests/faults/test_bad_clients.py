@@ -99,7 +99,6 @@ def test_unknown_enum_values_are_rejected_and_counted(agent) -> None:
 
 
 @pytest.mark.timeout(300)  # thousands of windows; slower when the runner is busy
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_clients_that_open_streams_and_never_read_cost_bounded_memory_and_nobody_waits(agent) -> None:
     """Twenty Watch streams and a trainer stream that never read, while thousands of events are published."""
     rss = psutil.Process(agent.proc.pid).memory_info

@@ -46,7 +46,6 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)  # two trainings (one shared) and two agent starts on a loaded 2-core runner
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_agent_kill_9_mid_bubble_then_restart_loses_no_task_and_no_durable_harvest(plain, tmp_path: Path) -> None:
     root = tmp_path / "sockets"
     first, neighbour = node_agents(root)

@@ -87,7 +87,6 @@ def two_agents(tmp_path: Path) -> Iterator[list[TaggedAgent]]:
 
 
 @pytest.mark.timeout(300)  # a training run and eleven workers on a loaded 2-core runner
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_every_kind_of_side_task_failure_is_contained(two_agents, plain, tmp_path: Path) -> None:
     agent = two_agents[0]
     cases = faults(tmp_path)

@@ -67,7 +67,6 @@ def _read_until(fd: int, wanted: bytes, timeout_s: float) -> bytes:
     return seen
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_periodic_checkpoints_longer_than_the_hang_timeout_are_taken_and_never_killed(
     agent: AgentProcess, client, fifo: tuple[str, int],  # type: ignore[no-untyped-def]
 ) -> None:

@@ -29,7 +29,6 @@ PROMPTS = 240  # enough that a fast machine still has some pending after both ki
 ARGS = {"max_new_tokens": "8"}
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_two_agents_complete_every_prompt_exactly_once_through_worker_and_agent_deaths(
     redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -197,7 +197,6 @@ def test_a_prompt_found_too_long_only_at_setup_fails_at_once_without_a_restart(t
 
 
 # -- through a real agent -------------------------------------------------------------------------------------------
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_generate_killed_by_sigkill_resumes_and_completes_every_prompt_once(
     agent: AgentProcess, client: AgentClient, tmp_path: Path
 ) -> None:

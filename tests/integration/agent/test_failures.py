@@ -11,7 +11,6 @@ import pickle
 from pathlib import Path
 
 import psutil
-import pytest
 from support.agents import BackgroundTrainer, spec
 
 from freeride.tooling.harness import wait_for_task
@@ -61,7 +60,6 @@ def test_sys_exit_and_abort_in_a_step_are_crashes_with_the_cause_recorded(agent,
     assert "SIGABRT" in a.reason
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_a_step_that_hangs_past_its_window_is_killed_counted_and_restarted(agent, client, tmp_path: Path):
     task = client.submit(spec("Hangs", marker=tmp_path / "hung", at=5))
     wait_for_task(client, task.id, [READY])

@@ -164,7 +164,6 @@ def fleet(tmp_path: Path) -> Iterator[tuple[list[AgentProcess], list[Trainer], l
             agent.stop()
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_every_dashboard_and_rule_query_returns_data_and_alerts_fire(tmp_path: Path, fleet) -> None:
     need_prometheus()
     agents, trainers, ports = fleet

@@ -159,7 +159,6 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     d = demo()
     d.wait_for_line("iteration 1:", timeout_s=90)  # training is running: ranks, agents and workers are all up

@@ -150,7 +150,6 @@ MODELS = [(w, c) for w, c in EXAMPLES if kind(c) == "model"]
 
 
 @pytest.mark.parametrize(("where", "code"), MODELS, ids=[w for w, _ in MODELS])
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_a_model_factory_example_generates_and_is_evaluated_in_a_real_agent(
     where: str, code: str, tmp_path: Path, agent: AgentProcess, client: AgentClient
 ):

@@ -37,7 +37,6 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subpro
     yield res, report, out
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_the_rehearsal_runs_every_check_and_exits_0(rehearsal: Any) -> None:
     res, report, _ = rehearsal
     assert res.returncode == 0, res.stdout + res.stderr

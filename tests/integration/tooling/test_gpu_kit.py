@@ -26,7 +26,6 @@ def test_the_device_scripts_pass_shellcheck() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_gpu_run_installs_the_bundle_and_runs_the_check_from_it(tmp_path: Path) -> None:
     kit = tmp_path / "kit"
     (kit / "tools").mkdir(parents=True)

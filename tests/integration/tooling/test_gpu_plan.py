@@ -20,7 +20,6 @@ ROOT = REPO
 
 
 @pytest.mark.timeout(330)  # the plan's own 300 s, not the suite's 120: at twice the cores' load it ran past 120 s
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_the_plan_rehearses_on_a_cpu_and_returns_what_finished(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "FREERIDE_PLAN_WORK": str(tmp_path / "work")}

@@ -58,7 +58,6 @@ def test_deepspeed_receives_and_drain_are_reported_every_iteration(agents: Agent
         assert res["reporter_dropped"] == 0
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: Agents, tmp_path: Path) -> None:
     plain = launch(config(iterations=5), tmp_path / "plain")
     instrumented = launch(config(iterations=5, instrument=True, socket_dir=str(agents.socket_dir)), tmp_path / "inst")

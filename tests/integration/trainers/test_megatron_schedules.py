@@ -73,7 +73,6 @@ def _waits(res: dict[str, Any]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(("schedule", "function"), SCHEDULES.items())
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_megatrons_real_schedule_reports_every_steps_waits_and_trains_the_same(
     schedule: str, function: str, trained: Trained
 ) -> None:

@@ -12,7 +12,6 @@ from freeride.tooling.bench.pipeline import PipelineConfig, launch
 CFG = PipelineConfig(schedule="1F1B", stages=2, microbatches=2, forward_ms=1.0, backward_ms=2.0, iterations=2)
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_forked_ranks_train_the_same_as_ranks_started_each_on_its_own(tmp_path: Path) -> None:
     forked = launch(CFG, tmp_path / "forked")
     started = launch(CFG, tmp_path / "started", fork=False)

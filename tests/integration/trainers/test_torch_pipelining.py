@@ -254,7 +254,6 @@ def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, ag
     judge(timing, jitter, "the agents' predictions against measured bubbles")
 
 
-@pytest.mark.slow  # started first in its worker's share (support/ordering.py)
 def test_training_computes_the_same_with_without_and_when_the_agents_are_killed(tmp_path: Path) -> None:
     agents = Agents(tmp_path / "sockets").start()
     try:
