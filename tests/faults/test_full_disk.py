@@ -58,20 +58,26 @@ def test_a_full_state_disk_makes_tasks_wait_not_fail_and_rm_frees_it(tmp_path: P
                 fill(state / "filler")  # the disk's last byte is taken
                 full = wait_for_info(c, innocent, lambda t: t.reason.startswith(DISK_FULL), 30)
                 assert "its checkpoint cannot be written" in full.reason and "No space left" in full.reason
-                c.resume(later)  # its worker's window word cannot be created
-                wait_for_info(c, later, lambda t: t.reason.startswith(DISK_FULL + "its worker's files"), 30)
+                c.resume(later)  # its worker's window word cannot be created ...
+                wait_for_info(c, later, lambda t: t.reason.startswith(DISK_FULL), 30)
+                # ... or, where the agent's own failed database write had just freed its journal's few KiB (the
+                # resume is a write: a race for the disk's last bytes, seen once with three test workers), its
+                # worker started and its checkpoint cannot be written. Either way it waits, charged nothing.
                 during = len(windows.windows)
                 # Bubbles go on meanwhile, well past a restart's backoff (the agent, with no task that could take a
                 # window, is quiet: it grants none, but counts them).
                 bubbles = c.stats().gpu.bubbles
                 assert trainer.wait_iterations(50, 30)
                 assert c.stats().gpu.bubbles >= bubbles + 50
-                for task_id, state_now in ((innocent, S.TASK_STATE_READY), (later, S.TASK_STATE_STARTING)):
+                for task_id in (innocent, later):
                     t = c.get(task_id)
+                    files = t.reason.startswith(DISK_FULL + "its worker's files")
+                    assert files or t.reason.startswith(DISK_FULL + "its checkpoint cannot be written"), t.reason
+                    state_now = S.TASK_STATE_STARTING if files else S.TASK_STATE_READY
                     assert (t.state, t.restarts) == (state_now, 0), t  # waiting (no window): not FAILED, no restart
-                    assert t.reason.startswith(DISK_FULL), t.reason
+                    if task_id == later and files:
+                        assert not list((state / "run").glob(f"task-{later}-*.win"))  # its tries left no empty file
                 assert steps_of(innocent, windows.windows[during + 5:]) == 0  # it holds no window while it waits
-                assert not list((state / "run").glob(f"task-{later}-*.win"))  # its tries left no empty file
 
                 doctor = run_freeride("doctor", "--state-dir", str(state), "--fake-gpu")
                 assert "[WARN] state-disk" in doctor.stdout and "--disk-warn-percent 90" in doctor.stdout, doctor
