@@ -114,9 +114,6 @@ case "$cmd" in
         wait "$tools" || true  # (it says what it could not install, and the tests that need it skip)
         cat "$tools_log" >&2
         rm -f "$tools_log"
-        # The linters run beside the tests at idle priority (SCHED_IDLE, else nice 19): they take only CPU the tests
-        # leave (a fifth of the cores in the first run, more in the second), never a core a test wants (mypy is 33 s
-        # of CPU from a clean clone). What they print comes after the tests, and any finding fails the command.
         # A worker per core, and one more where the CPUs are idle before the run: the tests wait on their agents,
         # workers and trainers about a fifth of the time, so three workers keep two cores busy (the parallel phase
         # 476 -> 341 s on the 2-core VM, 2026-11-29); where other work runs, a worker per core. FREERIDE_TEST_WORKERS
@@ -130,6 +127,9 @@ case "$cmd" in
             fi
             echo "==> the CPUs were ${idle} % idle: $workers test workers on $(nproc) cores" >&2
         fi
+        # The linters run beside the tests at idle priority (SCHED_IDLE, else nice 19): they take only CPU the tests
+        # leave (a fifth of the cores in the first run, more in the second), never a core a test wants (mypy is 33 s
+        # of CPU from a clean clone). What they print comes after the tests, and any finding fails the command.
         echo "==> ruff, mypy and the import contracts (pyproject.toml [tool.importlinter]), beside the tests" >&2
         lint_log=$(mktemp)
         (

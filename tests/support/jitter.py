@@ -100,17 +100,18 @@ def loaded_past_cores() -> tuple[bool, str]:
                           f"{limit})"
 
 
-def skip_if_loaded_past_cores(what: str) -> None:
+def skip_if_loaded_past_cores(what: str) -> str:
     """Skip, saying `what` and the load, where other work loads the machine past its cores (loaded_past_cores): what
-    went wrong (a check out of time, a task that never stepped) is then the machine's speed. Else return, and the
-    caller fails."""
+    went wrong (a check out of time, a task that never stepped) is then the machine's speed. Else return the figures
+    judged, and the caller fails."""
     loaded, figures = loaded_past_cores()
     if loaded:
         pytest.skip(f"this machine is too loaded to judge this test: {what} {figures}")
+    return figures
 
 
 def fail_unless_loaded_past_cores(what: str) -> NoReturn:
     """`what` went wrong: a skip saying so where the machine is loaded past its cores (skip_if_loaded_past_cores),
     else a failure saying the load, which was not the cause."""
-    skip_if_loaded_past_cores(what)
-    pytest.fail(f"{what}, {loaded_past_cores()[1]}: not loaded past its cores")
+    figures = skip_if_loaded_past_cores(what)  # (the load read once: the figures said are those judged)
+    pytest.fail(f"{what}, {figures}: not loaded past its cores")
