@@ -52,6 +52,8 @@ def both(name: str, *args: str) -> dict[str, dict[str, Any]]:
         assert run["benchmark"] == name and run["path"] == path  # the shm run really took the ring
         assert run["dropped_by_reporter"] == 0
     return runs
+
+
 @SERIAL
 def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths() -> None:
     for r in both("control", "--bubbles", "40", "--flood", "2000").values():
@@ -68,6 +70,8 @@ def test_control_benchmark_reports_hook_grant_and_revoke_latencies_on_both_paths
         # window would open too late (CI once saw 35 of 40). The scheduler's unit tests pin the policy.
         assert 0 < r["windows"] <= 40
         assert r["events_total"] == 80 + 2000  # the whole flood reached the agent
+
+
 @SERIAL
 def test_harvest_benchmark_reports_efficiency_against_the_ideal_on_both_paths() -> None:
     for r in both("harvest", "--iterations", "5").values():
@@ -78,6 +82,8 @@ def test_harvest_benchmark_reports_efficiency_against_the_ideal_on_both_paths() 
             assert key in r
         assert 15 <= r["edge_gap_ms_p50"] <= 45  # the trace's pace: F = 20 ms, B = 40 ms
         assert r["wake_delay_us_p50"] > 0 and r["wake_write_us_p50"] > 0  # the machine's floor at that pace
+
+
 @SERIAL
 def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths() -> None:
     for path, r in both("trainer", "--microbatches", "4", "--iterations", "8").items():
@@ -85,6 +91,8 @@ def test_trainer_benchmark_alternates_plain_and_instrumented_steps_on_both_paths
         assert 0.5 < float(r["overhead_ratio"]) < 2
         assert [rank["bubbles_per_iteration"] for rank in r["ranks"]] == [7, 13, 11, 5]
         assert [rank["path"] for rank in r["ranks"]] == [path] * 4  # every rank took the road asked for
+
+
 @SERIAL
 def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -103,11 +111,11 @@ def test_trainer_benchmark_measures_the_deepspeed_integration_the_same_way() -> 
     assert r["agent_wakes"] == 0
 
 
-# Serial though it judges no figure (the shape of the start-up bench's output): alone it takes 29 s and ~50
-# CPU-seconds, which in the parallel phase cost about what they save here (tried 2026-11-29; fourteen jobs beside three
-# workers' tests once ran past 240 s). One setting, the product's (agents whose task fits no bubble), five jobs: the
-# others run the same loop with no agent or no task.
-@SERIAL
+# It judges no figure (the shape of the start-up bench's output), and takes ~50 CPU-seconds (29 s alone): in the
+# parallel phase they cost about what they would save the serial one (tried 2026-11-29; fourteen jobs beside three
+# workers' tests once ran past 240 s), so it runs at idle priority beside the serial tests. One setting, the
+# product's (agents whose task fits no bubble), five jobs: the others run the same loop with no agent or no task.
+@pytest.mark.background
 @pytest.mark.timeout(300)
 def test_the_deepspeed_start_up_bench_reports_the_first_steps_and_the_steady_state_apart() -> None:
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -142,6 +150,8 @@ def test_a_single_path_run_keeps_the_flat_shape_with_its_path() -> None:
     assert r["benchmark"] == "control" and r["path"] == "grpc" and "runs" not in r
     assert r["events"] == 40 and r["dropped_by_reporter"] == 0
     assert (r["trainer_cpus"], r["agent_cpus"]) == (str(cpus[0]), str(cpus[-1]))
+
+
 @SERIAL
 def test_ballast_tasks_stay_resident_beside_the_measured_one_holding_their_memory() -> None:
     r = bench("control", "--bubbles", "20", "--ballast", "2", "--ballast-mb", "16", "--ballast-children", "1")

@@ -58,6 +58,7 @@ def test_deepspeed_receives_and_drain_are_reported_every_iteration(agents: Agent
         assert res["reporter_dropped"] == 0
 
 
+@pytest.mark.background  # the same parameters and losses, however long the steps took
 def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: Agents, tmp_path: Path) -> None:
     plain = launch(config(iterations=5), tmp_path / "plain")
     instrumented = launch(config(iterations=5, instrument=True, socket_dir=str(agents.socket_dir)), tmp_path / "inst")
@@ -67,6 +68,7 @@ def test_deepspeed_training_is_bit_identical_with_and_without_freeride(agents: A
     assert plain[-1]["losses"]
 
 
+@pytest.mark.background  # which steps were timed is the configuration's, not the clock's
 def test_a_quiet_agents_stage_can_time_one_step_in_a_while_and_trains_the_same(tmp_path: Path) -> None:
     """quiet_sample_ms (500 ms by default; an hour here): agents with nothing to grant, so each CPU stage times its
     first step and, the sample period being an hour, runs every later one on the engine's own instructions;

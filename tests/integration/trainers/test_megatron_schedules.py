@@ -24,6 +24,8 @@ from support.agents import Agents
 from freeride.trainer.megatron import RECEIVING_TIMERS, SENDING_TIMERS
 from freeride.v1 import trainer_pb2
 
+pytestmark = pytest.mark.background  # losses, parameters and counts of waits
+
 RANKS = 2
 RANK = Path(__file__).with_name("megatron_rank.py")
 DRAIN, BETWEEN = trainer_pb2.BUBBLE_KIND_DRAIN, trainer_pb2.BUBBLE_KIND_BETWEEN_STEPS

@@ -9,6 +9,8 @@ import pytest
 
 from freeride.tooling.bench.pipeline import PipelineConfig, launch
 
+pytestmark = pytest.mark.background  # parameters, losses and logs
+
 CFG = PipelineConfig(schedule="1F1B", stages=2, microbatches=2, forward_ms=1.0, backward_ms=2.0, iterations=2)
 
 

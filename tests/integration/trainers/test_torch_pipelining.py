@@ -254,6 +254,7 @@ def test_the_agents_predictions_converge_to_within_ten_percent(schedule: str, ag
     judge(timing, jitter, "the agents' predictions against measured bubbles")
 
 
+@pytest.mark.background  # the same parameters and losses (its one wait: 60 s for three windows)
 def test_training_computes_the_same_with_without_and_when_the_agents_are_killed(tmp_path: Path) -> None:
     agents = Agents(tmp_path / "sockets").start()
     try:
@@ -282,6 +283,7 @@ def test_training_computes_the_same_with_without_and_when_the_agents_are_killed(
     assert sum(r["reporter_dropped"] for r in killed) > 0  # edges after the kill went nowhere
 
 
+@pytest.mark.background  # counts and parameters
 def test_with_data_parallelism_every_rank_reports_to_the_agent_of_its_own_gpu(tmp_path: Path) -> None:
     # Two pipelines of two stages (4 ranks, one "GPU" each): LOCAL_RANK picks each rank's agent.
     agents = Agents(tmp_path / "sockets", ranks=4).start()

@@ -22,6 +22,7 @@ from support.agents import Agents
 from freeride.v1 import trainer_pb2
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.background  # counts of waits, in every step
 
 RANKS, MICROBATCHES, ITERATIONS = 2, 4, 4
 
@@ -99,7 +100,7 @@ stages = [PipelineStage(modules[i], i, num_stages, torch.device("cpu"), group=pp
           for i in indices]
 schedule = build(stages)
 handle = instrument(schedule, record=True)  # the README's recipe: instrument(trainer.pp_schedule)
-handle.reporter.wait_connected(10)
+handle.reporter.wait_connected(60)  # at once, but on a starved CPU (the test may run at idle priority)
 first, last = 0 in indices, num_stages - 1 in indices
 for it in range(ITERATIONS):
     gen = torch.Generator().manual_seed(it)
