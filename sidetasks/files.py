@@ -4,6 +4,8 @@
 - `publish(path, data)`: atomic and durable before it returns. Several workers may process the same
   item at once (a lease that ran out is taken over while its first holder still works), so each
   writer has its own temporary name; the bytes are identical, and whichever rename lands last wins.
+- `sweep(root)`: deletes the temporary files of writers that died mid-publish (a kill -9): a writer
+  holds a lock on its own until its rename, and the kernel drops it with the process.
 - `list_images(root)` and the `list` command: the items of a directory for `freeride pool create URL --items -`.
 """
 
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,11 +40,43 @@ def under(root: Path, item_id: str, suffix: str = "") -> Path:
 def publish(path: Path, data: bytes) -> None:
     """Make `path` hold `data`, complete or not at all, on disk before returning.
 
-    Writes a temporary file of this writer's own beside it, fsyncs it, renames it over `path` and
-    fsyncs the directory (and the parent of every directory made for it), so neither a crash nor a
-    power cut can leave a partial or vanished output behind an acknowledged item.
+    Writes a temporary file of this writer's own beside it, locked until it is renamed, fsyncs it,
+    renames it over `path` and fsyncs the directory (and the parent of every directory made for it),
+    so neither a crash nor a power cut can leave a partial or vanished output behind an acknowledged
+    item; a kill leaves only the temporary file, which `sweep` deletes.
     """
     made = _make_dirs(path.parent)
+    for attempt in range(3):
+        fd, tmp = _create_locked(path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                os.replace(tmp, path)  # the lock held until the rename: a live writer's file is never swept
+            break
+        except FileNotFoundError:
+            # A sweep that opened the file before this writer locked it took it for a dead writer's (a window
+            # of microseconds): write it again under a fresh name. Twice more at most: past that the folder is
+            # going away under us, and that error is the one to see.
+            if attempt == 2 or tmp.exists() or not path.parent.is_dir():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+    for directory in (path.parent, *(d.parent for d in made)):
+        _fsync_dir(directory)
+
+
+#: publish's temporary names: `.<name>.<12 hex digits>.tmp`, and nothing else is swept.
+_TMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}" + re.escape(TMP_SUFFIX))
+
+
+def _create_locked(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside `path`, created and locked (flock, exclusive) by this writer."""
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}{TMP_SUFFIX}")
         try:
@@ -49,17 +85,40 @@ def publish(path: Path, data: bytes) -> None:
         except FileExistsError:  # another writer drew the same 48 random bits: draw again
             continue
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its own new file: nobody else holds it but a sweep, for microseconds
     except BaseException:
+        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    for directory in (path.parent, *(d.parent for d in made)):
-        _fsync_dir(directory)
+    return fd, tmp
+
+
+def sweep(root: Path) -> list[Path]:
+    """Delete the temporary files `publish` left under `root` when their writer died before its rename (their
+    lock went with the process; a live writer's is held, and its file kept). Only publish's names are touched.
+    Returns the files deleted."""
+    swept = []
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            if not _TMP_NAME.fullmatch(name):
+                continue
+            tmp = Path(folder, name)
+            try:
+                fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:  # renamed by its writer meanwhile, or not a file to open
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its writer is alive
+                with contextlib.suppress(FileNotFoundError):  # by name: renamed meanwhile, the output stays
+                    os.unlink(tmp)
+                    swept.append(tmp)
+            finally:
+                os.close(fd)
+    return swept
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -36,7 +36,7 @@ import torch
 
 from freeride import IterativeTask, PermanentError, PoolItem, PoolTask, StepBudget
 from sidetasks.decoding import Completion, Decoder, Prompt, Sampling, with_model_stop
-from sidetasks.files import publish
+from sidetasks.files import publish, sweep
 from sidetasks.hf import has_tokenizer, no_tokenizer
 from sidetasks.jsonl import Lines
 from sidetasks.models import Limits, check_model, declared_limits, encoder, load_model
@@ -266,6 +266,11 @@ class GeneratePool(PoolTask):
         self.encode, self.decode = encoder(self.model)
         self.sampling = with_model_stop(self.sampling, self.model)
         self._generate(Prompt("warm-up", [0]))  # the first item is then as fast as the rest
+        sweep(self.out_dir)  # what a worker killed mid-write left (a live one's is kept)
+
+    def teardown(self) -> None:
+        super().teardown()
+        sweep(self.out_dir)
 
     def _generate(self, prompt: Prompt) -> Completion:
         assert self.model is not None

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from freeride import IterativeTask, PoolItem, PoolTask, StepBudget
-from sidetasks.files import check_src_dir, cli_parser, print_items, publish, under
+from sidetasks.files import check_src_dir, cli_parser, print_items, publish, sweep, under
 
 #: Photographs (not drawings or test patterns) that ship in the scikit-image wheel itself.
 PHOTOS = (
@@ -282,6 +282,11 @@ class ImageDirPool(PoolTask):
     def setup(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.warm_up()
+        sweep(self.out_dir)  # what a worker killed mid-write left (a live one's is kept)
+
+    def teardown(self) -> None:
+        super().teardown()
+        sweep(self.out_dir)
 
     def warm_up(self) -> None:
         """Run the work once on a blank image (imports, resampler, encoder): a slow first item would set
