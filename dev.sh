@@ -24,8 +24,8 @@ bytecode_cache() {
 # Bytecode written beside pip, which waits on downloads and unpacking much of the time, instead of by the first
 # processes that import it: from a clean clone three test workers collecting the same test modules compiled them,
 # torch and transformers each at once (a collection: 23 CPU-seconds cold, 7 warm), and the first pipelines
-# compiled torch's pipelining and DeepSpeed. A background command per install step, awaited at the end of the
-# set-up; what it could not import yet (a package still being installed) is compiled at its first use, as before.
+# compiled torch's pipelining (11 s cold, 5 warm) and DeepSpeed. A background command per install step, awaited at
+# the end of the set-up; what it could not import yet (a package still being installed) compiles at its first use.
 warming=()
 warm() {
     timeout 300 "$VENV/bin/python" "$@" >/dev/null 2>&1 &
@@ -69,6 +69,7 @@ setup() {
         # DeepSpeed builds against the torch installed first (no isolated build env, which would
         # fetch another torch); its tests run its pipeline engine on CPU with gloo.
         "${pip[@]}" --no-build-isolation "deepspeed==0.19.8" >&2
+        warm -c 'import deepspeed'  # (Megatron's is left to the tests that import it: they run at idle priority)
         # Megatron-Core requires only torch, numpy and packaging, all installed by now: --no-deps installs the one
         # wheel. Its real-schedule tests fail in CI without it, and skip (saying why) elsewhere.
         if "${pip[@]}" --no-deps "$MEGATRON_CORE" >&2; then
@@ -76,7 +77,6 @@ setup() {
         else  # no stamp: the next run tries again
             echo "could not install $MEGATRON_CORE: tests/integration/trainers/test_megatron_schedules.py is skipped" >&2
         fi
-        warm -c 'import deepspeed, megatron.core.pipeline_parallel.schedules'
     fi
     # freeride's own bytecode, written once into that folder (about a second; nothing where it is current).
     "$VENV/bin/python" -m compileall -q freeride sidetasks tools >/dev/null

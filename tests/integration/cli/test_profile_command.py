@@ -79,11 +79,13 @@ def test_profile_of_a_live_pipeline_names_every_stage_its_slots_and_the_theory(p
         kinds = {sl["kind"] for sl in s["slots"]}
         assert kinds <= {"fill", "warm-up→first backward", "drain gap", "drain", "between steps"}, kinds
         assert all(sl["count"] >= 1 and sl["p95_ms"] >= sl["p50_ms"] >= 0 for sl in s["slots"])
-        # A wait under 1 ms is not reported the next iteration (the trainer's rule); a real bubble nearly every
-        # time (a rank late by a bubble's length on a loaded runner turns it into a short wait, once or twice).
+        # A wait under 1 ms is not reported the next iteration (the trainer's rule); a bubble of a forward's length
+        # or more nearly every time (a rank late by a bubble's length on a loaded runner turns it into a short
+        # wait, once or twice). A shorter one is the ranks' phase more than the schedule's: on 2026-11-29 rank 2's
+        # fill, 5 ms when seen, was under 1 ms in 6 of 8 iterations, the machine quiet by its sleeps' jitter.
         timing += [f"rank {s['rank']}: slot {sl['slot']} ({sl['kind']}, p50 {sl['p50_ms']:.1f} ms) seen "
                    f"{sl['count']} of {ITERATIONS} iterations"
-                   for sl in s["slots"] if sl["p50_ms"] >= F_MS / 2 and sl["count"] < ITERATIONS - 2]
+                   for sl in s["slots"] if sl["p50_ms"] >= F_MS and sl["count"] < ITERATIONS - 2]
         # The slots' shares add up to the measured idle share (the harvestable ones).
         assert sum(sl["share"] for sl in s["slots"] if sl["kind"] != "between steps") == pytest.approx(
             s["bubble_fraction"], rel=0.1)
