@@ -248,6 +248,7 @@ def _hf4() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.background  # the tests above, in-process and judged by equality, and a pip install
 @pytest.mark.timeout(600)
 def test_the_same_on_transformers_4(tmp_path: Path) -> None:
     if EXPECTED:

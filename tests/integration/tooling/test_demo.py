@@ -158,6 +158,9 @@ def test_quick_demo_trains_harvests_every_stage_reports_and_leaves_nothing_behin
     assert json.loads(Path(report["report_json"]).read_text()) == report
 
 
+# Judged by its exit and the processes left (none), its deadlines generous: 90 s to start training (~20 s alone),
+# 30 s to stop (~2 s).
+@pytest.mark.background
 @pytest.mark.timeout(120)
 def test_ctrl_c_mid_run_stops_every_process_and_exits_promptly(demo):
     d = demo()
