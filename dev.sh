@@ -86,6 +86,27 @@ setup() {
     done
 }
 
+# idle_cgroup: makes a CPU cgroup whose processes get only CPU nobody else wants (cpu.idle, cgroup v1's cpu
+# controller or v2's where the root already delegates it: nothing of the system's is changed) and prints its path;
+# nothing where it cannot (not root, no such controller, a kernel before 5.15). Every process started in it stays
+# in it, the sessions it opens too. SCHED_IDLE alone does not: an agent or a trainer the tests start opens a
+# session, an autogroup that weighs as much as a nice-0 process whatever its tasks' policy (a bench's 5 ms side-task
+# steps beside the background tests at SCHED_IDLE: 38 ms at p90, grants 4.5 ms at p50; beside them in the cgroup:
+# 5.3 ms and 0.48 ms, as alone: docs/benchmarks.md).
+idle_cgroup() {
+    local dir=/sys/fs/cgroup/cpu/freeride-tests-$$
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || return 0
+        dir=/sys/fs/cgroup/freeride-tests-$$
+    fi
+    mkdir "$dir" 2>/dev/null || return 0
+    if { [ -f "$dir/cpu.idle" ] && echo 1 > "$dir/cpu.idle"; } 2>/dev/null; then
+        echo "$dir"
+    else
+        rmdir "$dir"
+    fi
+}
+
 # Debian packages some tests need: systemd-analyze and shellcheck check the files in deploy/, redis-server
 # runs the work-pool tests, prometheus (with promtool) checks deploy/monitoring's dashboard and rules on a real
 # Prometheus. Their tests skip (saying why) without them.
@@ -139,18 +160,25 @@ case "$cmd" in
         # - A worker per core, and one more where it is quiet: the tests wait on their agents, workers and trainers
         #   about a fifth of the time, so three workers keep two cores busy (the parallel phase 476 -> 341 s on the
         #   2-core VM, 2026-11-29). FREERIDE_TEST_WORKERS sets it.
-        # - Where it is quiet, the linters and the tests marked background run at idle priority (SCHED_IDLE, else
-        #   nice 19): they take only CPU the other tests leave, never a core one wants. Where other work runs, idle
-        #   priority would wait for that work to end (mypy's 33 CPU-seconds at 0.3 % of a core): they take their share.
+        # - Where it is quiet, the linters and the tests marked background take only CPU the other tests leave,
+        #   never a core one wants: in a CPU cgroup of their own marked idle (cpu.idle), where root may make one
+        #   (idle_cgroup), else the linters at SCHED_IDLE and the background tests with the first run. Where other
+        #   work runs, idle CPU would wait for that work to end (mypy's 33 CPU-seconds at 0.3 % of a core): the
+        #   linters take their share, and the background tests run with the first run.
         idle=$("$VENV/bin/python" -c 'import psutil; print(round(100 - psutil.cpu_percent(interval=0.5)))')
         quiet=0
+        cgroup=""
         if [ "$idle" -ge 75 ]; then
             quiet=1
+            cgroup=$(idle_cgroup)
+            trap '[ -z "$cgroup" ] || rmdir "$cgroup" 2>/dev/null || true' EXIT
         fi
         workers=${FREERIDE_TEST_WORKERS:-$(( $(nproc) + quiet ))}
-        echo "==> the CPUs were ${idle} % idle: $workers test workers on $(nproc) cores" >&2
+        echo "==> the CPUs were ${idle} % idle: $workers test workers on $(nproc) cores${cgroup:+; the linters and the tests marked background in $cgroup (cpu.idle)}" >&2
         idle_priority() {  # this subshell and what it starts, on a quiet machine
-            if [ "$quiet" -eq 1 ]; then
+            if [ -n "$cgroup" ]; then
+                echo "$BASHPID" > "$cgroup/cgroup.procs"
+            elif [ "$quiet" -eq 1 ]; then
                 chrt --idle -p 0 "$BASHPID" 2>/dev/null || renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
             fi
         }
@@ -177,7 +205,7 @@ case "$cmd" in
         # on when one before it failed, so every failure is seen. With -k or a path a run may select nothing
         # (exit 5): a failure only when all do.
         first="not serial"
-        if [ "$quiet" -eq 1 ]; then
+        if [ -n "$cgroup" ]; then
             first="not serial and not background"
         fi
         echo "==> pytest: the tests marked $first, on $workers workers" >&2
@@ -195,9 +223,9 @@ case "$cmd" in
         fi
         rm -rf "$marked"
         background=5
-        if [ "$quiet" -eq 1 ]; then
-            echo "==> pytest: the tests marked serial, alone; the tests marked background beside them at idle priority" \
-                 "(what they print comes after), and the linters if still running" >&2
+        if [ -n "$cgroup" ]; then
+            echo "==> pytest: the tests marked serial, alone; the tests marked background beside them in the idle" \
+                 "cgroup (what they print comes after), and the linters if still running" >&2
             background_log=$(mktemp)
             (
                 idle_priority
@@ -209,7 +237,7 @@ case "$cmd" in
         fi
         "$VENV/bin/python" -m pytest -rs -m serial "$@" "${serial_only[@]}"
         serial=$?
-        if [ "$quiet" -eq 1 ]; then
+        if [ -n "$cgroup" ]; then
             wait "$background_run"
             background=$?
             echo "==> pytest: the tests marked background said:" >&2
