@@ -199,9 +199,9 @@ case "$cmd" in
         # the xdist workers above, each taking the next test as it is free (worksteal). (A third worker on two cores
         # left two of four clean-clone runs red in an earlier session, tests starved by the contention; their causes
         # are fixed since, the last one reliability fix 69: docs/benchmarks.md.) The ones marked serial (they assert
-        # measured latencies, efficiencies, slowdowns) run after, alone; on a quiet machine the ones marked
-        # background (heavy runs judged by equality, counts and shapes) run beside them at idle priority, in the
-        # CPU the serial ones leave (about half of two cores), and on a busy one with the first run. Each run goes
+        # measured latencies, efficiencies, slowdowns) run after, alone; where there is an idle cgroup the ones marked
+        # background (heavy runs judged by equality, counts and shapes) run beside them in it, in the CPU the serial
+        # ones leave (about half of two cores), and elsewhere with the first run. Each run goes
         # on when one before it failed, so every failure is seen. With -k or a path a run may select nothing
         # (exit 5): a failure only when all do.
         first="not serial"
