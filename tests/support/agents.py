@@ -56,6 +56,17 @@ def drive(agent: AgentProcess, trace: list[list[Segment]], rank: int = 0) -> lis
         reporter.close()
 
 
+def drive_until_a_step_ran(agent: AgentProcess, client: Any, tries: int = 10) -> None:
+    """`drive` four iterations of one 20 ms bubble, again while no side-task step has run (harvested nothing): their
+    two windows (after a skipped and a learned bubble) may both come before a worker's first steps fit them on a
+    loaded machine. Each trainer stream has ended when it returns; AssertionError after `tries`."""
+    for _ in range(tries):
+        drive(agent, bubbles(4, [20.0]))
+        if client.stats().gpu.harvested_s > 0:
+            return
+    raise AssertionError(f"no side-task step ran in {tries} x 4 bubbles of 20 ms")
+
+
 def granted_windows(trace: list[list[Segment]]) -> int:
     """Windows the agent grants: none in the first two iterations (one skipped, one learned)."""
     return sum(seg.bubble for it in trace[2:] for seg in it)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.agents import FAST, bubbles, drive, spec, task_ref
+from support.agents import FAST, bubbles, drive, drive_until_a_step_ran, spec, task_ref
 
 from freeride.tooling.harness import AgentProcess, wait_for_info, wait_for_task
 from freeride.v1 import tasks_pb2 as S
@@ -63,7 +63,7 @@ def test_the_state_dir_and_every_file_in_it_are_owner_only_and_a_wider_one_is_ti
         with AgentProcess(state_dir=state, extra_args=[*FAST, "--fake-gpu"]) as agent, agent.client() as c:
             task = c.submit(spec("Says"))  # prints a line: its log file is created
             wait_for_task(c, task.id, [S.TASK_STATE_READY])
-            drive(agent, bubbles(4, [20.0]))
+            drive_until_a_step_ran(agent, c)
             c.pause(task.id)
             assert wait_for_info(c, task.id, lambda i: i.pid == 0).checkpoint_steps > 0
             log = agent.log_tail(200)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.agents import FAST, TASKS, bubbles, drive, spec
+from support.agents import FAST, TASKS, drive_until_a_step_ran, spec
 from support.cli import InProcess, assert_usage_error, clean_env, run_freeride
 from support.paths import REPO
 
@@ -316,13 +316,8 @@ def test_stats_shows_harvested_gpu_hours_and_their_value_net_of_the_declared_slo
     """GPU-hours per task, per GPU and in total; the value at a price; the net only where a slowdown is declared."""
     wait_for_task(client, client.submit(spec("Counter", step_ms=1)).id, [READY])
     with WindowCollector(client) as windows:
-        # A trainer rank reports, then ends its stream; again while no step ran: its two windows (after a skipped and
-        # a learned bubble) may both come before the worker's first steps fit them on a loaded machine.
-        for _ in range(10):
-            drive(agent, bubbles(4, [20.0]))
-            windows.wait_for_all(client)  # every window accounted, the stream closed: the figures stand still
-            if client.stats().gpu.harvested_s > 0:
-                break
+        drive_until_a_step_ran(agent, client)  # a trainer rank reports, then ends its stream
+        windows.wait_for_all(client)  # every window accounted, the stream closed: the figures stand still
     g = client.stats().gpu
     assert g.harvested_s > 0 and g.training_s > 0
 
