@@ -30,30 +30,28 @@ os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
 
 
 # The markers that give a test its own run in ./dev.sh test (after the rest, which run in parallel): `serial`, alone;
-# `background`, beside the serial run in an idle CPU cgroup (pyproject.toml says what each asks of a test).
+# `background`, from the start in an idle CPU cgroup (pyproject.toml says what each asks of a test).
 PHASES = ("serial", "background")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Before `-m` deselects anything: a test in both phases is refused (it would run twice); where ./dev.sh test
-    asks (SUITE_MARKED_FILES, a folder), the files that hold a test of each phase, one per line in a file named for
-    it, so that the phase's run collects those files alone (1 s, not 8: the whole tree imports torch, DeepSpeed and
-    every test module) and still every test of the phase."""
+    asks (SUITE_MARKED_FILES, a folder), the files that hold a serial test, one per line in its file `serial`, so that
+    the serial run collects those files alone (1 s, not 8: the whole tree imports torch, DeepSpeed and every test
+    module) and still every serial test."""
     both = [item.nodeid for item in items if all(item.get_closest_marker(phase) for phase in PHASES)]
     if both:
         raise pytest.UsageError(f"marked both {' and '.join(PHASES)} (each test runs in one): {', '.join(both)}")
     where = os.environ.get("SUITE_MARKED_FILES")
     # only a run of the whole tree (testpaths): a pytest that a test runs on its own file (test_hf_models) inherits
-    # the variable, and its list would leave out every other test of the phase
+    # the variable, and its list would leave out every other serial test
     if not where or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
         return
-    for phase in PHASES:
-        files = sorted({str(item.path.relative_to(config.rootpath)) for item in items
-                        if item.get_closest_marker(phase)})
-        tmp = Path(where) / f"{phase}.{os.getpid()}"  # each xdist worker writes the same list: whole, one rename each
-        tmp.write_text("".join(f"{f}\n" for f in files))
-        os.replace(tmp, Path(where) / phase)
+    files = sorted({str(item.path.relative_to(config.rootpath)) for item in items if item.get_closest_marker("serial")})
+    tmp = Path(where) / f"serial.{os.getpid()}"  # each xdist worker writes the same list: whole, one rename each
+    tmp.write_text("".join(f"{f}\n" for f in files))
+    os.replace(tmp, Path(where) / "serial")
 
 
 @pytest.hookimpl(wrapper=True)
