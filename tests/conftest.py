@@ -30,7 +30,7 @@ os.environ.setdefault("FREERIDE_CHECK_TIMEOUT_S", f"{MAX_CHECK_TIMEOUT_S:g}")
 
 
 # The markers that give a test its own run in ./dev.sh test (after the rest, which run in parallel): `serial`, alone;
-# `background`, from the start in an idle CPU cgroup (pyproject.toml says what each asks of a test).
+# `background`, beside the serial run in an idle CPU cgroup (pyproject.toml says what each asks of a test).
 PHASES = ("serial", "background")
 
 
