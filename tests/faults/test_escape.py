@@ -1,4 +1,4 @@
-"""Bug 4: a task's process that forks, calls setsid(), clears its environment and execs `sleep 1000`.
+"""Bug 4: a task's process that forks, calls setsid(), clears its environment and execs a program that sleeps.
 
 With cgroups (the agent may create cgroup v2 groups: root here, or a systemd unit with Delegate=yes)
 it dies when its task ends, when the task is cancelled and when the agent stops, and the worker's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,10 +12,11 @@ from freeride import IterativeTask
 
 
 class Escapee(IterativeTask):
-    """In setup, starts `sleep 1000` the way a daemon escapes: fork, setsid() (out of the worker's process
-    group), an empty environment (no worker mark), exec. "<worker pid> <escapee pid>" goes into `pidfile`
-    before the task is READY. keep_env=1 keeps the environment (and so the mark). Done after `steps` steps
-    (0: never)."""
+    """In setup, starts a process that sleeps 1000 s the way a daemon escapes: fork, setsid() (out of the worker's
+    process group), an empty environment (no worker mark), exec. "<worker pid> <escapee pid>" goes into `pidfile`
+    before the task is READY, once the escapee says it runs: Popen returns as the exec begins, before the new
+    program's environment is in place (/proc/PID/environ read empty there once, on a loaded machine). keep_env=1
+    keeps the environment (and so the mark). Done after `steps` steps (0: never)."""
 
     def __init__(self, pidfile: str, steps: int = 1, keep_env: int = 0) -> None:
         self.pidfile = Path(pidfile)
@@ -25,8 +25,12 @@ class Escapee(IterativeTask):
         self.done = 0
 
     def setup(self) -> None:
-        sleep = shutil.which("sleep") or "/bin/sleep"
-        child = subprocess.Popen([sleep, "1000"], env=self.env, start_new_session=True, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-c", "import os, time; os.write(1, b'x'); time.sleep(1000)"],
+                                 env=self.env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        with child.stdout:
+            child.stdout.read(1)  # it runs: its exec is done, its environment in place
         tmp = self.pidfile.with_suffix(".tmp")
         tmp.write_text(f"{os.getpid()} {child.pid}")
         os.replace(tmp, self.pidfile)
