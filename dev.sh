@@ -201,9 +201,9 @@ case "$cmd" in
         # are fixed since, the last one reliability fix 69: docs/benchmarks.md.) The ones marked serial (they assert
         # measured latencies, efficiencies, slowdowns) run after, alone; where there is an idle cgroup the ones marked
         # background (heavy runs judged by equality, counts and shapes) run beside them in it, in the CPU the serial
-        # ones leave (about half of two cores), and elsewhere with the first run. Each run goes
-        # on when one before it failed, so every failure is seen. With -k or a path a run may select nothing
-        # (exit 5): a failure only when all do.
+        # ones leave (about half of two cores), and elsewhere with the first run. Each run goes on when one before it
+        # failed, so every failure is seen. With -k or a path a run may select nothing (exit 5): a failure only when
+        # all do.
         first="not serial"
         if [ -n "$cgroup" ]; then
             first="not serial and not background"
@@ -214,8 +214,9 @@ case "$cmd" in
         marked=$(mktemp -d)
         SUITE_MARKED_FILES="$marked" "$VENV/bin/python" -m pytest -rs -m "$first" -n "$workers" --dist worksteal "$@"
         parallel=$?
-        # Given no arguments, a later run collects only the files the first run found its tests in (its collection
-        # wrote them: tests/conftest.py); with arguments, or without that list, what it was given.
+        # Given no arguments, the serial run collects only the files the first run found serial tests in (its
+        # collection wrote them: tests/conftest.py); with arguments, or without that list, what it was given. The
+        # background run collects what it is given (its two workers, in the idle cgroup).
         serial_only=()
         if [ "$#" -eq 0 ] && [ -s "$marked/serial" ]; then
             mapfile -t serial_only < "$marked/serial"
